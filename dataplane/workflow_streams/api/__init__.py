@@ -1,0 +1,1 @@
+"""The HTTP surface under /api/workflow-streams."""

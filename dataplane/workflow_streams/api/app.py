@@ -1,0 +1,63 @@
+"""The aiohttp application: routes, middleware and resource lifetimes."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+
+from aiohttp import web
+
+from .. import API_PREFIX
+from ..config import Settings
+from ..store.db import create_pool
+from ..store.wakes import WakeHub
+from ..workers.pruner import run_pruner
+from . import streams
+from .auth import TokenAuthenticator
+from .problems import problem_middleware
+from .state import STATE, AppState
+
+log = logging.getLogger(__name__)
+
+
+async def _health(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
+
+
+async def _ready(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    async with state.pool.acquire() as conn:
+        await conn.fetchval("SELECT 1")
+    if not state.hub.connected.is_set():
+        return web.json_response({"status": "listen connection down"}, status=503)
+    return web.json_response({"status": "ready"})
+
+
+def create_app(settings: Settings) -> web.Application:
+    app = web.Application(client_max_size=settings.max_request_bytes, middlewares=[problem_middleware])
+
+    async def resources(app: web.Application) -> AsyncIterator[None]:
+        pool = await create_pool(settings.database_url, settings.pool_min, settings.pool_max)
+        hub = WakeHub(settings.database_url)
+        await hub.start()
+        app[STATE] = AppState(settings, pool, hub, TokenAuthenticator(settings.tokens))
+        tasks = []
+        if settings.prune_interval_seconds > 0:
+            tasks.append(asyncio.create_task(run_pruner(pool, settings.prune_interval_seconds)))
+        yield
+        for task in tasks:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await hub.stop()
+        await pool.close()
+
+    api = web.Application()
+    api.add_routes(streams.routes)
+    app.cleanup_ctx.append(resources)
+    app.router.add_get("/healthz", _health)
+    app.router.add_get("/readyz", _ready)
+    app.add_subapp(API_PREFIX, api)
+    return app

@@ -1,0 +1,85 @@
+"""Errors as RFC 9457 ``application/problem+json`` with a stable ``code``."""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from aiohttp import web
+
+from ..domain import errors
+
+log = logging.getLogger(__name__)
+
+PROBLEM_TYPE = "application/problem+json"
+
+STATUS: dict[type[errors.StreamError], int] = {
+    errors.InvalidInput: 400,
+    errors.FutureCursor: 400,
+    errors.FutureAck: 400,
+    errors.Unauthenticated: 401,
+    errors.Forbidden: 403,
+    errors.ConsumerScopeMismatch: 403,
+    errors.NotFound: 404,
+    errors.PinsConflict: 409,
+    errors.StreamClosed: 409,
+    errors.IdempotencyKeyReused: 409,
+    errors.AckRegression: 409,
+    errors.QuotaExhausted: 409,
+    errors.CursorExpired: 410,
+    errors.PayloadTooLarge: 413,
+    errors.InvalidDefinition: 422,
+    errors.ForbiddenContentClass: 422,
+    errors.BatchExceedsCredit: 422,
+    errors.Backpressure: 429,
+}
+
+_HTTP_CODES = {
+    400: "bad_request",
+    404: "not_found",
+    405: "method_not_allowed",
+    408: "request_timeout",
+    413: "payload_too_large",
+    415: "unsupported_media_type",
+}
+
+
+def problem(status: int, code: str, detail: str, headers: dict[str, str] | None = None, **extra: Any) -> web.Response:
+    body = {
+        "type": f"urn:workflow-streams:problem:{code}",
+        "title": code.replace("_", " "),
+        "status": status,
+        "code": code,
+        "detail": detail,
+        **extra,
+    }
+    return web.Response(status=status, body=json.dumps(body), content_type=PROBLEM_TYPE, headers=headers)
+
+
+def from_error(exc: errors.StreamError) -> web.Response:
+    status = next((STATUS[cls] for cls in type(exc).__mro__ if cls in STATUS), 400)
+    headers = {}
+    if isinstance(exc, errors.Backpressure):
+        headers["Retry-After"] = str(exc.retry_after)
+    if isinstance(exc, errors.Unauthenticated):
+        headers["WWW-Authenticate"] = 'Bearer realm="workflow-streams"'
+    return problem(status, exc.code, exc.detail, headers, **exc.extra)
+
+
+@web.middleware
+async def problem_middleware(request: web.Request, handler: Any) -> web.StreamResponse:
+    try:
+        response: web.StreamResponse = await handler(request)
+        return response
+    except errors.StreamError as exc:
+        return from_error(exc)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        code = _HTTP_CODES.get(exc.status, f"http_{exc.status}")
+        headers = {k: v for k, v in exc.headers.items() if k.lower() in ("allow", "retry-after")}
+        return problem(exc.status, code, exc.reason, headers)
+    except Exception:
+        log.exception("unhandled error on %s %s", request.method, request.path)
+        return problem(500, "internal_error", "the server failed; the request may be retried")

@@ -1,0 +1,176 @@
+"""Handlers for streams, records, consumers, close and legal hold."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from aiohttp import web
+
+from ..domain.authz import may_see
+from ..domain.cursor import parse_cursor
+from ..domain.errors import Forbidden, InvalidInput
+from ..domain.ids import check_id
+from ..domain.pins import parse_pins
+from ..domain.records import parse_append_body
+from ..store import appends, consumers, definitions, reads
+from .state import principal_of, state_of
+
+routes = web.RouteTableDef()
+
+STREAM = "/runs/{run_id}/streams/{stream_id}"
+DEFAULT_LIMIT = 100
+MAX_LIMIT = 1000
+
+
+def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(status=status, body=json.dumps(body), content_type="application/json", headers=headers)
+
+
+async def read_json(request: web.Request) -> Any:
+    if request.content_type != "application/json":
+        raise InvalidInput("the request body must be application/json", field="Content-Type")
+    text = await request.text()
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise InvalidInput(f"malformed JSON: {exc.msg} at position {exc.pos}", field="/") from None
+
+
+def _object(body: Any, allowed: set[str], required: set[str]) -> dict[str, Any]:
+    if not isinstance(body, dict):
+        raise InvalidInput("the request body must be a JSON object", field="/")
+    unknown = set(body) - allowed
+    if unknown:
+        raise InvalidInput(f"unknown field(s): {', '.join(sorted(unknown))}", field=min(unknown))
+    missing = required - set(body)
+    if missing:
+        raise InvalidInput(f"missing field(s): {', '.join(sorted(missing))}", field=min(missing))
+    return body
+
+
+def stream_key(request: web.Request) -> tuple[str, str]:
+    return (
+        check_id("run_id", request.match_info["run_id"]),
+        check_id("stream_id", request.match_info["stream_id"]),
+    )
+
+
+def _limit(request: web.Request) -> int:
+    text = request.query.get("limit")
+    if text is None:
+        return DEFAULT_LIMIT
+    if not text.isascii() or not text.isdigit() or not 1 <= int(text) <= MAX_LIMIT:
+        raise InvalidInput(f"limit must be an integer from 1 to {MAX_LIMIT}", field="limit")
+    return int(text)
+
+
+def _idempotency_key(request: web.Request) -> str | None:
+    key = request.headers.get("Idempotency-Key")
+    if key is not None and not (0 < len(key) <= 255 and key.isascii() and key.isprintable()):
+        raise InvalidInput("Idempotency-Key must be 1-255 printable ASCII characters", field="Idempotency-Key")
+    return key
+
+
+@routes.post("/runs/{run_id}/streams")
+async def create_stream(request: web.Request) -> web.Response:
+    app = state_of(request)
+    principal = principal_of(request)
+    run_id = check_id("run_id", request.match_info["run_id"])
+    body = _object(await read_json(request), {"stream_id", "pins"}, {"stream_id", "pins"})
+    if not isinstance(body["stream_id"], str):
+        raise InvalidInput("stream_id must be a string", field="stream_id")
+    stream_id = check_id("stream_id", body["stream_id"])
+    pins = parse_pins(body["pins"])
+    async with app.pool.acquire() as conn:
+        definition, created = await definitions.create_definition(conn, run_id, stream_id, pins, principal)
+    location = f"{request.app.router['get_stream'].url_for(run_id=run_id, stream_id=stream_id)}"
+    return json_response(definition.to_json(), status=201 if created else 200, headers={"Location": location})
+
+
+@routes.get(STREAM, name="get_stream")
+async def get_stream(request: web.Request) -> web.Response:
+    app = state_of(request)
+    principal = principal_of(request)
+    run_id, stream_id = stream_key(request)
+    async with app.pool.acquire() as conn:
+        definition, state = await definitions.get_stream(conn, run_id, stream_id)
+    if not may_see(definition.pins.authorization, principal):
+        raise Forbidden("principal has no right on this stream")
+    return json_response({**definition.to_json(), "state": state.to_json()})
+
+
+@routes.post(STREAM + "/records")
+async def append(request: web.Request) -> web.Response:
+    app = state_of(request)
+    principal = principal_of(request)
+    run_id, stream_id = stream_key(request)
+    key = _idempotency_key(request)
+    records = parse_append_body(await read_json(request))
+    result = await appends.append_records(app.pool, app.hub, run_id, stream_id, records, principal, key)
+    headers = {"Idempotent-Replayed": "true"} if result.replayed else None
+    return json_response(result.to_json(), status=200 if result.replayed else 201, headers=headers)
+
+
+@routes.get(STREAM + "/records")
+async def read(request: web.Request) -> web.Response:
+    app = state_of(request)
+    principal = principal_of(request)
+    run_id, stream_id = stream_key(request)
+    after = parse_cursor(request.query.get("after"))
+    limit = _limit(request)
+    async with app.pool.acquire() as conn:
+        page = await reads.read_page(conn, run_id, stream_id, after, limit, principal)
+    return json_response(
+        {
+            "records": [reads.record_json(r) for r in page.records],
+            "next_after": page.next_after if page.next_after is not None else after,
+            "earliest": page.bounds.earliest,
+            "latest": page.bounds.latest,
+            "closed": page.closed,
+        }
+    )
+
+
+@routes.post(STREAM + "/consumers/{consumer_id}/ack")
+async def ack(request: web.Request) -> web.Response:
+    app = state_of(request)
+    principal = principal_of(request)
+    run_id, stream_id = stream_key(request)
+    consumer_id = check_id("consumer_id", request.match_info["consumer_id"])
+    body = _object(await read_json(request), {"sequence"}, {"sequence"})
+    sequence = body["sequence"]
+    if type(sequence) is not int or not 0 <= sequence < 2**63:
+        raise InvalidInput("sequence must be a non-negative integer", field="sequence")
+    async with app.pool.acquire() as conn:
+        result = await consumers.ack(conn, run_id, stream_id, consumer_id, sequence, principal)
+    return json_response(result)
+
+
+@routes.post(STREAM + "/close")
+async def close(request: web.Request) -> web.Response:
+    app = state_of(request)
+    principal = principal_of(request)
+    run_id, stream_id = stream_key(request)
+    async with app.pool.acquire() as conn:
+        state = await definitions.close_stream(conn, run_id, stream_id, principal)
+    return json_response(state.to_json())
+
+
+@routes.put(STREAM + "/legal-hold")
+async def legal_hold(request: web.Request) -> web.Response:
+    app = state_of(request)
+    principal = principal_of(request)
+    run_id, stream_id = stream_key(request)
+    body = _object(await read_json(request), {"enabled", "reason", "hold_id"}, {"enabled"})
+    enabled, reason, hold_id = body["enabled"], body.get("reason", ""), body.get("hold_id", "default")
+    if not isinstance(enabled, bool):
+        raise InvalidInput("enabled must be a boolean", field="enabled")
+    if not isinstance(reason, str) or len(reason) > 1024 or (enabled and not reason.strip()):
+        raise InvalidInput("reason must be a non-empty string of at most 1024 characters", field="reason")
+    if not isinstance(hold_id, str):
+        raise InvalidInput("hold_id must be a string", field="hold_id")
+    check_id("hold_id", hold_id)
+    async with app.pool.acquire() as conn:
+        state = await definitions.set_legal_hold(conn, run_id, stream_id, hold_id, enabled, reason, principal)
+    return json_response(state.to_json())

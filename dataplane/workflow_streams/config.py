@@ -1,0 +1,63 @@
+"""Settings from the environment (``WFS_*``), documented in the README."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .domain.authz import Principal
+
+
+def parse_tokens(text: str) -> dict[str, Principal]:
+    """``{"<token>": {"principal": "alice", "groups": ["ops"]}}`` or ``{"<token>": "alice"}``."""
+    raw = json.loads(text)
+    if not isinstance(raw, dict):
+        raise ValueError("tokens must be a JSON object of token -> principal")
+    tokens = {}
+    for token, value in raw.items():
+        if isinstance(value, str):
+            tokens[token] = Principal(value)
+        else:
+            tokens[token] = Principal(value["principal"], frozenset(value.get("groups", ())))
+    return tokens
+
+
+@dataclass(frozen=True)
+class Settings:
+    database_url: str
+    host: str = "127.0.0.1"
+    port: int = 8080
+    tokens: Mapping[str, Principal] = field(default_factory=dict)
+    region: str = "local"
+    pool_min: int = 2
+    pool_max: int = 20
+    # how often the retention pruner sweeps (0 disables it in this process)
+    prune_interval_seconds: float = 30.0
+    sse_heartbeat_seconds: float = 15.0
+    max_request_bytes: int = 4 * 1024 * 1024
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] = os.environ) -> Settings:
+        tokens: dict[str, Principal] = {}
+        if env.get("WFS_TOKENS_FILE"):
+            tokens.update(parse_tokens(Path(env["WFS_TOKENS_FILE"]).read_text()))
+        if env.get("WFS_TOKENS"):
+            tokens.update(parse_tokens(env["WFS_TOKENS"]))
+        try:
+            database_url = env["WFS_DATABASE_URL"]
+        except KeyError:
+            raise SystemExit("WFS_DATABASE_URL is required (a postgresql:// DSN)") from None
+        return cls(
+            database_url=database_url,
+            host=env.get("WFS_HOST", "127.0.0.1"),
+            port=int(env.get("WFS_PORT", "8080")),
+            tokens=tokens,
+            region=env.get("WFS_REGION", "local"),
+            pool_min=int(env.get("WFS_POOL_MIN", "2")),
+            pool_max=int(env.get("WFS_POOL_MAX", "20")),
+            prune_interval_seconds=float(env.get("WFS_PRUNE_INTERVAL_SECONDS", "30")),
+            sse_heartbeat_seconds=float(env.get("WFS_SSE_HEARTBEAT_SECONDS", "15")),
+        )

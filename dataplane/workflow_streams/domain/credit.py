@@ -1,0 +1,61 @@
+"""Producer credit: may a batch be appended, given what is durable and unread?
+
+Pure arithmetic over numbers the store reads under the stream row lock.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from .pins import Credit
+
+
+@dataclass(frozen=True)
+class Usage:
+    """A stream's durable counters, read under its row lock."""
+
+    last_sequence: int
+    appended_bytes: int
+    # the sequence through which every consumer has acknowledged (or pruning removed)
+    base_sequence: int
+    # cumulative bytes through base_sequence
+    base_bytes: int
+
+    @property
+    def unread_items(self) -> int:
+        return self.last_sequence - self.base_sequence
+
+    @property
+    def unread_bytes(self) -> int:
+        return self.appended_bytes - self.base_bytes
+
+
+class Verdict(enum.Enum):
+    ALLOW = "allow"
+    UNREAD_FULL = "unread_full"  # wait for acks (block) or reject, as the pins say
+    QUOTA_EXHAUSTED = "quota_exhausted"  # total ceiling: never appendable
+    BATCH_TOO_LARGE = "batch_too_large"  # could not fit even with nothing unread
+
+
+def decide(credit: Credit, usage: Usage, items: int, size: int) -> Verdict:
+    if credit.max_total_items is not None and usage.last_sequence + items > credit.max_total_items:
+        return Verdict.QUOTA_EXHAUSTED
+    if credit.max_total_bytes is not None and usage.appended_bytes + size > credit.max_total_bytes:
+        return Verdict.QUOTA_EXHAUSTED
+    if items > credit.max_unread_items or size > credit.max_unread_bytes:
+        return Verdict.BATCH_TOO_LARGE
+    if (
+        usage.unread_items + items > credit.max_unread_items
+        or usage.unread_bytes + size > credit.max_unread_bytes
+    ):
+        return Verdict.UNREAD_FULL
+    return Verdict.ALLOW
+
+
+def base_sequence(min_ack: int | None, earliest_sequence: int) -> int:
+    """Unread starts after the slowest consumer's ack; pruned records are no longer unread.
+
+    With no consumer registered, every retained record counts as unread.
+    """
+    return max(min_ack or 0, earliest_sequence - 1)

@@ -1,0 +1,98 @@
+"""Domain errors. Each carries a stable machine-readable ``code``; the HTTP layer maps codes to statuses."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class StreamError(Exception):
+    """Base of every error a caller can act on."""
+
+    code: str = "stream_error"
+
+    def __init__(self, detail: str, **extra: Any) -> None:
+        super().__init__(detail)
+        self.detail = detail
+        self.extra = extra
+
+
+class InvalidInput(StreamError):
+    code = "invalid_input"
+
+
+class InvalidDefinition(StreamError):
+    code = "invalid_definition"
+
+
+class ForbiddenContentClass(StreamError):
+    code = "forbidden_content_class"
+
+
+class NotFound(StreamError):
+    code = "not_found"
+
+
+class PinsConflict(StreamError):
+    code = "pins_conflict"
+
+
+class Unauthenticated(StreamError):
+    code = "unauthenticated"
+
+
+class Forbidden(StreamError):
+    code = "forbidden"
+
+
+class FutureCursor(StreamError):
+    code = "future_cursor"
+
+
+class CursorExpired(StreamError):
+    """Retention removed ``requested``: the reader must resync from ``earliest``."""
+
+    code = "cursor_expired"
+
+
+class PayloadTooLarge(StreamError):
+    code = "payload_too_large"
+
+
+class StreamClosed(StreamError):
+    code = "stream_closed"
+
+
+class IdempotencyKeyReused(StreamError):
+    code = "idempotency_key_reused"
+
+
+class Backpressure(StreamError):
+    """Unread ceiling reached; ``retry_after`` seconds is a hint, credit returns when consumers ack."""
+
+    code = "backpressure"
+
+    def __init__(self, detail: str, retry_after: int, block_seconds: float = 0.0, **extra: Any) -> None:
+        super().__init__(detail, **extra)
+        self.retry_after = retry_after
+        # how long the definition lets an appender wait for credit (0 under the reject policy)
+        self.block_seconds = block_seconds
+
+
+class QuotaExhausted(StreamError):
+    code = "quota_exhausted"
+
+
+class BatchExceedsCredit(StreamError):
+    code = "batch_exceeds_credit"
+
+
+class AckRegression(StreamError):
+    code = "ack_regression"
+
+
+class FutureAck(StreamError):
+    code = "future_sequence"
+
+
+class ConsumerScopeMismatch(StreamError):
+    code = "consumer_scope_mismatch"

@@ -1,0 +1,88 @@
+"""Records as callers send them: validation, the inline size cap and the idempotency digest."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import InvalidInput, PayloadTooLarge
+
+INLINE_LIMIT = 64 * 1024
+MAX_BATCH = 1000
+_ALLOWED_FIELDS = frozenset({"content_type", "data", "data_base64"})
+
+
+@dataclass(frozen=True)
+class RecordIn:
+    content_type: str
+    payload: bytes
+
+
+def is_json(content_type: str) -> bool:
+    base = content_type.split(";", 1)[0].strip().lower()
+    return base == "application/json" or base.endswith("+json")
+
+
+def encode_json(value: Any) -> bytes:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def parse_append_body(body: Any) -> list[RecordIn]:
+    """One record (an object) or a batch (``{"records": [...]}``); all-or-nothing validation."""
+    if isinstance(body, dict) and set(body) == {"records"}:
+        items = body["records"]
+        if not isinstance(items, list) or not items:
+            raise InvalidInput("records must be a non-empty array", field="records")
+        if len(items) > MAX_BATCH:
+            raise InvalidInput(f"a batch holds at most {MAX_BATCH} records", field="records", limit=MAX_BATCH)
+        return [_parse_record(item, f"records/{i}") for i, item in enumerate(items)]
+    return [_parse_record(body, "")]
+
+
+def _parse_record(item: Any, where: str) -> RecordIn:
+    prefix = f"{where}/" if where else ""
+    if not isinstance(item, dict):
+        raise InvalidInput("a record must be a JSON object", field=where or "/")
+    unknown = set(item) - _ALLOWED_FIELDS
+    if unknown:
+        raise InvalidInput(f"unknown field(s): {', '.join(sorted(unknown))}", field=f"{prefix}{min(unknown)}")
+    content_type = item.get("content_type", "application/json")
+    if not isinstance(content_type, str) or not 0 < len(content_type) <= 255 or not content_type.isprintable():
+        raise InvalidInput("content_type must be a short printable string", field=f"{prefix}content_type")
+    has_data, has_b64 = "data" in item, "data_base64" in item
+    if has_data == has_b64:
+        raise InvalidInput("a record has exactly one of data or data_base64", field=where or "/")
+    if has_data:
+        if not is_json(content_type):
+            raise InvalidInput("data is for JSON content types; use data_base64", field=f"{prefix}data")
+        payload = encode_json(item["data"])
+    else:
+        text = item["data_base64"]
+        if not isinstance(text, str):
+            raise InvalidInput("data_base64 must be a string", field=f"{prefix}data_base64")
+        try:
+            payload = base64.b64decode(text, validate=True)
+        except (binascii.Error, ValueError):
+            raise InvalidInput("data_base64 is not valid base64", field=f"{prefix}data_base64") from None
+    if len(payload) > INLINE_LIMIT:
+        raise PayloadTooLarge(
+            f"inline payload is {len(payload)} bytes; the limit is {INLINE_LIMIT}: use the objects API",
+            field=where or "/",
+            limit=INLINE_LIMIT,
+            size=len(payload),
+        )
+    return RecordIn(content_type=content_type, payload=payload)
+
+
+def request_digest(records: list[RecordIn]) -> str:
+    """What an Idempotency-Key promises: the same records, byte for byte."""
+    h = hashlib.sha256()
+    for record in records:
+        for part in (record.content_type.encode(), record.payload):
+            h.update(len(part).to_bytes(8, "big"))
+            h.update(part)
+    return h.hexdigest()

@@ -1,0 +1,1 @@
+"""Postgres: each module holds the SQL it runs."""

@@ -1,0 +1,23 @@
+"""Connection pool setup shared by the data plane, workers and operator."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import asyncpg
+
+Pool = asyncpg.Pool
+Connection = asyncpg.Connection
+
+
+async def _init_connection(conn: asyncpg.Connection) -> None:
+    await conn.set_type_codec("jsonb", encoder=json.dumps, decoder=json.loads, schema="pg_catalog")
+
+
+async def create_pool(dsn: str, min_size: int = 2, max_size: int = 20, **kwargs: Any) -> asyncpg.Pool:
+    pool = await asyncpg.create_pool(
+        dsn, min_size=min_size, max_size=max_size, init=_init_connection, **kwargs
+    )
+    assert pool is not None
+    return pool

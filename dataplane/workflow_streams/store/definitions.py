@@ -1,0 +1,211 @@
+"""Stream definitions, their state, close and legal holds."""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+from typing import Any
+
+import asyncpg
+
+from ..domain.authz import Principal, may_see, require
+from ..domain.errors import Forbidden, NotFound, PinsConflict
+from ..domain.pins import StreamPins
+
+
+@dataclass(frozen=True)
+class Definition:
+    run_id: str
+    stream_id: str
+    pins: StreamPins
+    pins_digest: str
+    created_at: dt.datetime
+    created_by: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "run_id": self.run_id,
+            "stream_id": self.stream_id,
+            "pins": self.pins.canonical(),
+            "pins_digest": self.pins_digest,
+            "created_at": self.created_at.isoformat(),
+            "created_by": self.created_by,
+        }
+
+
+@dataclass(frozen=True)
+class StreamState:
+    last_sequence: int
+    earliest_sequence: int
+    appended_bytes: int
+    closed_at: dt.datetime | None
+    closed_by: str | None
+    holds: list[dict[str, Any]]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "last_sequence": self.last_sequence,
+            "earliest_sequence": self.earliest_sequence,
+            "appended_bytes": self.appended_bytes,
+            "closed": self.closed_at is not None,
+            "closed_at": self.closed_at.isoformat() if self.closed_at else None,
+            "closed_by": self.closed_by,
+            "legal_hold": bool(self.holds),
+            "legal_holds": self.holds,
+        }
+
+
+_PINS_CACHE: dict[str, StreamPins] = {}
+_PINS_CACHE_LIMIT = 10_000
+
+
+def pins_of(row: asyncpg.Record) -> StreamPins:
+    """Pins are immutable and content-addressed, so parsed pins are cached by digest."""
+    digest = row["pins_digest"]
+    pins = _PINS_CACHE.get(digest)
+    if pins is None:
+        if len(_PINS_CACHE) >= _PINS_CACHE_LIMIT:
+            _PINS_CACHE.clear()
+        pins = _PINS_CACHE[digest] = StreamPins.model_validate(row["pins"])
+    return pins
+
+
+def _definition(row: asyncpg.Record) -> Definition:
+    return Definition(
+        run_id=row["run_id"],
+        stream_id=row["stream_id"],
+        pins=pins_of(row),
+        pins_digest=row["pins_digest"],
+        created_at=row["created_at"],
+        created_by=row["created_by"],
+    )
+
+
+async def create_definition(
+    conn: asyncpg.Connection, run_id: str, stream_id: str, pins: StreamPins, principal: Principal
+) -> tuple[Definition, bool]:
+    """Create a definition, or return the existing one if its pins are the same. True if created."""
+    digest = pins.digest()
+    row = await conn.fetchrow(
+        """INSERT INTO wfs_streams (run_id, stream_id, pins, pins_digest, created_by)
+           VALUES ($1, $2, $3, $4, $5)
+           ON CONFLICT (run_id, stream_id) DO NOTHING
+           RETURNING *""",
+        run_id,
+        stream_id,
+        pins.canonical(),
+        digest,
+        principal.name,
+    )
+    if row is not None:
+        return _definition(row), True
+    existing = await conn.fetchrow(
+        "SELECT * FROM wfs_streams WHERE run_id = $1 AND stream_id = $2", run_id, stream_id
+    )
+    if existing is None:  # deleted between the two statements; the caller may retry
+        raise PinsConflict("the stream was deleted while being created; retry")
+    definition = _definition(existing)
+    if not may_see(definition.pins.authorization, principal):
+        raise Forbidden("a stream with this id exists and the principal has no right on it")
+    if existing["pins_digest"] != digest:
+        raise PinsConflict(
+            "a stream with this id exists with different pins; pins are immutable",
+            existing_pins_digest=existing["pins_digest"],
+            requested_pins_digest=digest,
+        )
+    return definition, False
+
+
+async def get_stream(conn: asyncpg.Connection, run_id: str, stream_id: str) -> tuple[Definition, StreamState]:
+    row = await conn.fetchrow(
+        "SELECT * FROM wfs_streams WHERE run_id = $1 AND stream_id = $2", run_id, stream_id
+    )
+    if row is None:
+        raise NotFound("no such stream")
+    return _definition(row), await _state(conn, row)
+
+
+async def _state(conn: asyncpg.Connection, row: asyncpg.Record) -> StreamState:
+    holds = await conn.fetch(
+        """SELECT hold_id, reason, held_by, held_at FROM wfs_legal_holds
+           WHERE run_id = $1 AND stream_id = $2 AND released_at IS NULL ORDER BY held_at, hold_id""",
+        row["run_id"],
+        row["stream_id"],
+    )
+    return StreamState(
+        last_sequence=row["last_sequence"],
+        earliest_sequence=row["earliest_sequence"],
+        appended_bytes=row["appended_bytes"],
+        closed_at=row["closed_at"],
+        closed_by=row["closed_by"],
+        holds=[{**dict(h), "held_at": h["held_at"].isoformat()} for h in holds],
+    )
+
+
+async def lock_stream(conn: asyncpg.Connection, run_id: str, stream_id: str) -> asyncpg.Record:
+    """The stream row, locked for the rest of the transaction."""
+    row = await conn.fetchrow(
+        "SELECT * FROM wfs_streams WHERE run_id = $1 AND stream_id = $2 FOR UPDATE", run_id, stream_id
+    )
+    if row is None:
+        raise NotFound("no such stream")
+    return row
+
+
+async def close_stream(
+    conn: asyncpg.Connection, run_id: str, stream_id: str, principal: Principal
+) -> StreamState:
+    async with conn.transaction():
+        row = await lock_stream(conn, run_id, stream_id)
+        require(pins_of(row).authorization, principal, "close")
+        if row["closed_at"] is None:
+            row = await conn.fetchrow(
+                """UPDATE wfs_streams SET closed_at = now(), closed_by = $3
+                   WHERE run_id = $1 AND stream_id = $2 RETURNING *""",
+                run_id,
+                stream_id,
+                principal.name,
+            )
+            # subscribers drain and then see the close
+            await conn.execute(
+                "SELECT pg_notify('wfs_records', $1)", f"{run_id}/{stream_id}/0/{row['last_sequence']}"
+            )
+        return await _state(conn, row)
+
+
+async def set_legal_hold(
+    conn: asyncpg.Connection,
+    run_id: str,
+    stream_id: str,
+    hold_id: str,
+    enabled: bool,
+    reason: str,
+    principal: Principal,
+) -> StreamState:
+    """Place or release one hold. Holds stack; the stream is held while any is active."""
+    async with conn.transaction():
+        row = await lock_stream(conn, run_id, stream_id)
+        require(pins_of(row).authorization, principal, "legal_hold")
+        if enabled:
+            await conn.execute(
+                """INSERT INTO wfs_legal_holds (run_id, stream_id, hold_id, reason, held_by)
+                   VALUES ($1, $2, $3, $4, $5)
+                   ON CONFLICT (run_id, stream_id, hold_id) DO UPDATE
+                   SET reason = excluded.reason, held_by = excluded.held_by, held_at = now(),
+                       released_by = NULL, released_at = NULL""",
+                run_id,
+                stream_id,
+                hold_id,
+                reason,
+                principal.name,
+            )
+        else:
+            await conn.execute(
+                """UPDATE wfs_legal_holds SET released_by = $4, released_at = now()
+                   WHERE run_id = $1 AND stream_id = $2 AND hold_id = $3 AND released_at IS NULL""",
+                run_id,
+                stream_id,
+                hold_id,
+                principal.name,
+            )
+        return await _state(conn, row)

@@ -1,0 +1,79 @@
+"""Reading records after a cursor, consistently with the stream's bounds."""
+
+from __future__ import annotations
+
+import base64
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import asyncpg
+
+from ..domain.authz import Action, Principal, require
+from ..domain.cursor import Bounds, check_cursor
+from ..domain.errors import NotFound
+from ..domain.records import is_json
+from .definitions import pins_of
+
+
+@dataclass(frozen=True)
+class Page:
+    records: list[asyncpg.Record]
+    bounds: Bounds
+    closed: bool
+
+    @property
+    def next_after(self) -> int | None:
+        return self.records[-1]["sequence"] if self.records else None
+
+
+def record_json(row: asyncpg.Record) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "sequence": row["sequence"],
+        "kind": row["kind"],
+        "content_type": row["content_type"],
+        "size": row["size_bytes"],
+        "appended_at": row["appended_at"].isoformat(),
+    }
+    if row["kind"] == "object":
+        out["object"] = row["object"]
+    elif is_json(row["content_type"]):
+        out["data"] = json.loads(row["payload"])
+    else:
+        out["data_base64"] = base64.b64encode(row["payload"]).decode()
+    return out
+
+
+async def read_page(
+    conn: asyncpg.Connection,
+    run_id: str,
+    stream_id: str,
+    after: int,
+    limit: int,
+    principal: Principal,
+    action: Action = "read",
+) -> Page:
+    """Records with sequence > after, ascending. Bounds and records come from one snapshot, so a
+    concurrent prune can never turn into a silent gap."""
+    async with conn.transaction(isolation="repeatable_read", readonly=True):
+        row = await conn.fetchrow(
+            """SELECT pins_digest, pins, last_sequence, earliest_sequence, closed_at
+               FROM wfs_streams WHERE run_id = $1 AND stream_id = $2""",
+            run_id,
+            stream_id,
+        )
+        if row is None:
+            raise NotFound("no such stream")
+        require(pins_of(row).authorization, principal, action)
+        bounds = Bounds(earliest=row["earliest_sequence"], latest=row["last_sequence"])
+        check_cursor(after, bounds)
+        records = await conn.fetch(
+            """SELECT sequence, kind, content_type, payload, size_bytes, object, appended_at
+               FROM wfs_records WHERE run_id = $1 AND stream_id = $2 AND sequence > $3
+               ORDER BY sequence LIMIT $4""",
+            run_id,
+            stream_id,
+            after,
+            limit,
+        )
+        return Page(records=list(records), bounds=bounds, closed=row["closed_at"] is not None)

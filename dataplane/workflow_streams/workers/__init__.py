@@ -1,0 +1,1 @@
+"""Background workers that run inside every data-plane replica."""

@@ -1,0 +1,1 @@
+"""The Kopf operator for WorkflowStream resources (import name differs: stdlib owns ``operator``)."""
