@@ -49,7 +49,10 @@ def cmd_dev(args: argparse.Namespace) -> int:
         asyncio.run(apply_migrations(pg.dsn))
         token = args.token or secrets.token_urlsafe(24)
         settings = Settings(
-            database_url=pg.dsn, host="127.0.0.1", port=args.port, tokens={token: Principal("dev")},
+            database_url=pg.dsn,
+            host="127.0.0.1",
+            port=args.port,
+            tokens={token: Principal("dev")},
             prune_interval_seconds=5.0,
         )
         print(f"workflow-streams dev: Postgres at {pg.dsn} (data in {pg.base_dir})")
@@ -70,8 +73,12 @@ def main(argv: list[str] | None = None) -> int:
     dev.add_argument("--port", type=int, default=8080)
     dev.add_argument("--token", help="use this dev token instead of a random one")
     dev.set_defaults(func=cmd_dev)
-    sub.add_parser("serve", help="serve the data plane, configured from WFS_* env").set_defaults(func=cmd_serve)
-    sub.add_parser("migrate", help="apply pending migrations to WFS_DATABASE_URL").set_defaults(func=cmd_migrate)
+    sub.add_parser("serve", help="serve the data plane, configured from WFS_* env").set_defaults(
+        func=cmd_serve
+    )
+    sub.add_parser("migrate", help="apply pending migrations to WFS_DATABASE_URL").set_defaults(
+        func=cmd_migrate
+    )
     args = parser.parse_args(argv)
     return int(args.func(args))
 

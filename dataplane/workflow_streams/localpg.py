@@ -65,16 +65,38 @@ class LocalPostgres:
         if self._user:
             entry = pwd.getpwnam(self._user)
             os.chown(self.base_dir, entry.pw_uid, entry.pw_gid)
-        self._run("initdb", "-D", str(self.datadir), "-U", "postgres", "--auth=trust", "-E", "UTF8",
-                  "--no-sync", "--locale=C")
+        self._run(
+            "initdb",
+            "-D",
+            str(self.datadir),
+            "-U",
+            "postgres",
+            "--auth=trust",
+            "-E",
+            "UTF8",
+            "--no-sync",
+            "--locale=C",
+        )
 
     def start(self) -> None:
         options = (
             f"-p {self.port} -c listen_addresses=127.0.0.1 -k {self.base_dir} -c fsync=on "
             "-c max_connections=300 -c shared_buffers=128MB"
         )
-        result = self._run("pg_ctl", "-D", str(self.datadir), "-o", options, "-l",
-                           str(self.base_dir / "postgres.log"), "-w", "-t", "60", "start", check=False)
+        result = self._run(
+            "pg_ctl",
+            "-D",
+            str(self.datadir),
+            "-o",
+            options,
+            "-l",
+            str(self.base_dir / "postgres.log"),
+            "-w",
+            "-t",
+            "60",
+            "start",
+            check=False,
+        )
         if result.returncode != 0:
             log_text = (self.base_dir / "postgres.log").read_text(errors="replace")[-2000:]
             raise RuntimeError(f"pg_ctl start failed: {result.stderr}\n{log_text}")

@@ -11,7 +11,13 @@ import asyncpg
 from ..domain import credit
 from ..domain.authz import Principal, require
 from ..domain.delivery import event_id
-from ..domain.errors import Backpressure, BatchExceedsCredit, IdempotencyKeyReused, QuotaExhausted, StreamClosed
+from ..domain.errors import (
+    Backpressure,
+    BatchExceedsCredit,
+    IdempotencyKeyReused,
+    QuotaExhausted,
+    StreamClosed,
+)
 from ..domain.records import RecordIn, request_digest
 from . import wakes
 from .definitions import lock_stream, pins_of
@@ -172,7 +178,9 @@ async def append_once(
                 [event_id(run_id, stream_id, s) for s in sequences],
             )
         # delivered by Postgres only after COMMIT: a wake never precedes the durable records
-        await conn.execute("SELECT pg_notify($1, $2)", wakes.RECORDS, wakes.payload(run_id, stream_id, first, last))
+        await conn.execute(
+            "SELECT pg_notify($1, $2)", wakes.RECORDS, wakes.payload(run_id, stream_id, first, last)
+        )
         return AppendResult(first, last, replayed=False)
 
 

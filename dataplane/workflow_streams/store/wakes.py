@@ -50,10 +50,10 @@ class Wake:
     def is_set(self) -> bool:
         return self._event.is_set()
 
-    async def wait(self, timeout: float) -> bool:
-        """True if woken, False on timeout."""
+    async def wait(self, seconds: float) -> bool:
+        """True if woken, False if ``seconds`` passed first."""
         try:
-            await asyncio.wait_for(self._event.wait(), timeout)
+            await asyncio.wait_for(self._event.wait(), seconds)
         except TimeoutError:
             return False
         return True
@@ -122,7 +122,7 @@ class WakeHub:
                 conn = await asyncpg.connect(self._dsn)
                 self._conn = conn
                 lost = asyncio.Event()
-                conn.add_termination_listener(lambda _conn: lost.set())
+                conn.add_termination_listener(lambda _conn, lost=lost: lost.set())
                 for channel in CHANNELS:
                     await conn.add_listener(channel, self._on_notify)
                 self.connected.set()
@@ -139,7 +139,13 @@ class WakeHub:
                 raise ConnectionError("LISTEN connection terminated")
             except asyncio.CancelledError:
                 raise
-            except (OSError, ConnectionError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError) as exc:
+            except (
+                OSError,
+                ConnectionError,
+                asyncpg.PostgresError,
+                asyncpg.InterfaceError,
+                TimeoutError,
+            ) as exc:
                 self.connected.clear()
                 self.reconnects += 1
                 log.warning("LISTEN connection lost (%s); reconnecting in %.1fs", exc, backoff)

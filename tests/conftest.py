@@ -1,0 +1,91 @@
+"""Shared fixtures: a real throwaway PostgreSQL cluster, a migrated template, an app per test."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
+
+import asyncpg
+import pytest
+from aiohttp.test_utils import TestClient
+
+from tests.support import TOKENS, StreamsApi
+from workflow_streams.api.app import create_app
+from workflow_streams.config import Settings
+from workflow_streams.localpg import LocalPostgres, find_bindir
+from workflow_streams.store.migrate import apply_migrations
+
+TEMPLATE = "wfs_template"
+
+
+@pytest.fixture(scope="session")
+def pg() -> Iterator[LocalPostgres]:
+    bindir = find_bindir()
+    if bindir is None:
+        pytest.fail("PostgreSQL binaries not found: .ci/run installs them (apt-get install postgresql)")
+    cluster = LocalPostgres(bindir)
+    cluster.init()
+    cluster.start()
+
+    async def make_template() -> None:
+        conn = await asyncpg.connect(cluster.dsn)
+        try:
+            await conn.execute(f"CREATE DATABASE {TEMPLATE}")
+        finally:
+            await conn.close()
+        await apply_migrations(cluster.dsn_for(TEMPLATE))
+
+    asyncio.run(make_template())
+    yield cluster
+    cluster.destroy()
+
+
+async def create_database(pg: LocalPostgres) -> str:
+    """A fresh database cloned from the migrated template (cheap: a file copy, no migration run)."""
+    name = f"t_{uuid.uuid4().hex[:16]}"
+    conn = await asyncpg.connect(pg.dsn)
+    try:
+        await conn.execute(f"CREATE DATABASE {name} TEMPLATE {TEMPLATE}")
+    finally:
+        await conn.close()
+    return pg.dsn_for(name)
+
+
+@pytest.fixture
+async def database_url(pg: LocalPostgres) -> str:
+    return await create_database(pg)
+
+
+def make_settings(database_url: str, **overrides: Any) -> Settings:
+    base: dict[str, Any] = {
+        "database_url": database_url,
+        "tokens": TOKENS,
+        "prune_interval_seconds": 0,
+        "sse_heartbeat_seconds": 1.0,
+    }
+    return Settings(**{**base, **overrides})
+
+
+@pytest.fixture
+def settings_for() -> Callable[..., Settings]:
+    return make_settings
+
+
+@pytest.fixture
+async def client(aiohttp_client: Any, database_url: str) -> TestClient:
+    return await aiohttp_client(create_app(make_settings(database_url)))
+
+
+@pytest.fixture
+def api(client: TestClient) -> StreamsApi:
+    return StreamsApi(client)
+
+
+@pytest.fixture
+async def db(database_url: str) -> AsyncIterator[asyncpg.Connection]:
+    """A direct SQL connection, for asserting what is durable."""
+    conn = await asyncpg.connect(database_url)
+    yield conn
+    await conn.close()

@@ -1,0 +1,131 @@
+"""Test helpers: default pins and a thin wrapper over the HTTP API (raw responses, no client magic)."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from aiohttp import ClientResponse
+from aiohttp.test_utils import TestClient
+
+from workflow_streams import API_PREFIX
+from workflow_streams.domain.authz import Principal
+
+TOKENS = {
+    "tok-alice": Principal("alice"),
+    "tok-bob": Principal("bob", frozenset({"readers"})),
+    "tok-eve": Principal("eve"),
+}
+ALICE = {"Authorization": "Bearer tok-alice"}
+BOB = {"Authorization": "Bearer tok-bob"}
+EVE = {"Authorization": "Bearer tok-eve"}
+
+
+def pins(**overrides: Any) -> dict[str, Any]:
+    """Pins where alice may do everything and group 'readers' may read and ack."""
+    base: dict[str, Any] = {
+        "direction": "output",
+        "content_class": "model_output",
+        "schema_ref": "example.com/schemas/output/v1",
+        "placement": {
+            "metadata_home": "eu-west-1",
+            "metadata_replicas": ["eu-central-1"],
+            "object_regions": ["eu-west-1"],
+            "client_egress_regions": ["eu-west-1"],
+            "log_region": "eu-west-1",
+        },
+        "retention": {"max_records": None, "max_age_seconds": None},
+        "authorization": {
+            "append": ["alice"],
+            "read": ["alice", "group:readers"],
+            "ack": ["alice", "group:readers"],
+            "close": ["alice"],
+            "legal_hold": ["alice"],
+        },
+        "credit": {"max_unread_items": 100_000, "max_unread_bytes": 1 << 30, "policy": "reject"},
+    }
+    result = copy.deepcopy(base)
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(result.get(key), dict):
+            result[key] = {**result[key], **value}
+        else:
+            result[key] = value
+    return result
+
+
+class StreamsApi:
+    def __init__(self, client: TestClient, headers: dict[str, str] | None = None) -> None:
+        self.client = client
+        self.headers = ALICE if headers is None else headers
+
+    def as_(self, headers: dict[str, str]) -> StreamsApi:
+        return StreamsApi(self.client, headers)
+
+    def url(self, run: str, stream: str | None = None, tail: str = "") -> str:
+        path = f"{API_PREFIX}/runs/{run}/streams"
+        if stream is not None:
+            path += f"/{stream}{tail}"
+        return path
+
+    async def create(self, run: str, stream: str, **pin_overrides: Any) -> ClientResponse:
+        body = {"stream_id": stream, "pins": pins(**pin_overrides)}
+        return await self.client.post(self.url(run), json=body, headers=self.headers)
+
+    async def append(
+        self, run: str, stream: str, *data: Any, key: str | None = None, body: Any = None
+    ) -> ClientResponse:
+        headers = dict(self.headers)
+        if key is not None:
+            headers["Idempotency-Key"] = key
+        if body is None:
+            body = {"data": data[0]} if len(data) == 1 else {"records": [{"data": d} for d in data]}
+        return await self.client.post(self.url(run, stream, "/records"), json=body, headers=headers)
+
+    async def read(self, run: str, stream: str, after: Any = None, limit: Any = None) -> ClientResponse:
+        params = {}
+        if after is not None:
+            params["after"] = str(after)
+        if limit is not None:
+            params["limit"] = str(limit)
+        return await self.client.get(self.url(run, stream, "/records"), params=params, headers=self.headers)
+
+    async def read_all(self, run: str, stream: str, after: int = 0) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        while True:
+            resp = await self.read(run, stream, after=after, limit=1000)
+            assert resp.status == 200, await resp.text()
+            page = await resp.json()
+            out.extend(page["records"])
+            if page["next_after"] == after:
+                return out
+            after = page["next_after"]
+
+    async def ack(self, run: str, stream: str, consumer: str, sequence: Any) -> ClientResponse:
+        return await self.client.post(
+            self.url(run, stream, f"/consumers/{consumer}/ack"),
+            json={"sequence": sequence},
+            headers=self.headers,
+        )
+
+    async def close(self, run: str, stream: str) -> ClientResponse:
+        return await self.client.post(self.url(run, stream, "/close"), headers=self.headers)
+
+    async def hold(
+        self, run: str, stream: str, enabled: bool, reason: str = "matter 1", **extra: Any
+    ) -> ClientResponse:
+        body = {"enabled": enabled, "reason": reason, **extra}
+        return await self.client.put(self.url(run, stream, "/legal-hold"), json=body, headers=self.headers)
+
+    async def get(self, run: str, stream: str) -> ClientResponse:
+        return await self.client.get(self.url(run, stream), headers=self.headers)
+
+
+async def problem(resp: ClientResponse, status: int, code: str) -> dict[str, Any]:
+    """Assert a problem+json response with this status and stable code; return its body."""
+    text = await resp.text()
+    assert resp.status == status, text
+    assert resp.content_type == "application/problem+json", resp.content_type
+    body: dict[str, Any] = await resp.json(content_type=None)
+    assert body["code"] == code, body
+    assert body["status"] == status
+    return body

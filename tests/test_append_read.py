@@ -1,0 +1,147 @@
+"""Ordered append and exclusive-cursor reads over HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+
+import asyncpg
+
+from tests.support import BOB, StreamsApi, problem
+
+
+async def test_append_and_read_after_cursor(api: StreamsApi) -> None:
+    await api.create("r", "s")
+    one = await api.append("r", "s", {"n": 1})
+    assert one.status == 201
+    assert (await one.json())["sequences"] == [1]
+    batch = await api.append("r", "s", {"n": 2}, {"n": 3}, {"n": 4})
+    assert (await batch.json()) == {"first_sequence": 2, "last_sequence": 4, "sequences": [2, 3, 4]}
+
+    page = await (await api.read("r", "s", after=1, limit=2)).json()
+    assert [r["sequence"] for r in page["records"]] == [2, 3]
+    assert [r["data"] for r in page["records"]] == [{"n": 2}, {"n": 3}]
+    assert page["next_after"] == 3 and page["latest"] == 4 and page["earliest"] == 1
+
+    page = await (await api.read("r", "s", after=page["next_after"])).json()
+    assert [r["sequence"] for r in page["records"]] == [4]
+    tail = await (await api.read("r", "s", after=4)).json()
+    assert tail["records"] == [] and tail["next_after"] == 4
+
+
+async def test_binary_records_round_trip(api: StreamsApi) -> None:
+    await api.create("r", "s")
+    payload = bytes(range(256))
+    body = {"content_type": "application/octet-stream", "data_base64": base64.b64encode(payload).decode()}
+    assert (await api.append("r", "s", body=body)).status == 201
+    (record,) = (await (await api.read("r", "s")).json())["records"]
+    assert base64.b64decode(record["data_base64"]) == payload
+    assert record["size"] == 256
+
+
+async def test_cursor_errors(api: StreamsApi) -> None:
+    await api.create("r", "s")
+    await api.append("r", "s", 1, 2)
+    body = await problem(await api.read("r", "s", after=3), 400, "future_cursor")
+    assert body["latest"] == 2
+    for bad in ("-1", "abc", "1.5", "99999999999999999999", "0x10", " 1"):
+        await problem(await api.read("r", "s", after=bad), 400, "invalid_input")
+    for bad in ("0", "1001", "-3"):
+        await problem(await api.read("r", "s", limit=bad), 400, "invalid_input")
+    await problem(await api.read("r", "missing"), 404, "not_found")
+
+
+async def test_inline_limit_is_64_kib_and_oversize_appends_nothing(
+    api: StreamsApi, db: asyncpg.Connection
+) -> None:
+    await api.create("r", "s")
+    exact = "x" * (64 * 1024 - 2)  # JSON string quotes make it exactly 64 KiB
+    assert (await api.append("r", "s", exact)).status == 201
+    body = await problem(await api.append("r", "s", exact + "y"), 413, "payload_too_large")
+    assert body["limit"] == 65536
+    # all-or-nothing: one oversized record sinks the whole batch
+    await problem(await api.append("r", "s", "small", exact + "y"), 413, "payload_too_large")
+    assert await db.fetchval("SELECT count(*) FROM wfs_records") == 1
+
+
+async def test_malformed_batches_append_nothing(api: StreamsApi, db: asyncpg.Connection) -> None:
+    await api.create("r", "s")
+    bad_bodies = [
+        {"records": []},
+        {"records": [{"data": 1}, {"data": 2, "extra": 1}]},
+        {"records": [{"data": 1}, {"data_base64": "***"}]},
+        {"records": [{"data": 1}, {"data": 1, "data_base64": "AA=="}]},
+        {"records": [{"data": 1}, "not an object"]},
+        {"content_type": "text/plain", "data": "json data needs a JSON content type"},
+    ]
+    for body in bad_bodies:
+        await problem(await api.append("r", "s", body=body), 400, "invalid_input")
+    resp = await api.client.post(
+        api.url("r", "s", "/records"),
+        data=b"{not json",
+        headers={**api.headers, "Content-Type": "application/json"},
+    )
+    await problem(resp, 400, "invalid_input")
+    assert await db.fetchval("SELECT last_sequence FROM wfs_streams") == 0
+    assert await db.fetchval("SELECT count(*) FROM wfs_records") == 0
+
+
+async def test_idempotent_retry_returns_original_sequences(api: StreamsApi, db: asyncpg.Connection) -> None:
+    await api.create("r", "s")
+    first = await api.append("r", "s", "a", "b", key="k-1")
+    assert first.status == 201
+    await api.append("r", "s", "c")
+    retry = await api.append("r", "s", "a", "b", key="k-1")
+    assert retry.status == 200
+    assert retry.headers["Idempotent-Replayed"] == "true"
+    assert (await retry.json())["sequences"] == [1, 2]
+    assert await db.fetchval("SELECT count(*) FROM wfs_records") == 3
+    await problem(await api.append("r", "s", "other", key="k-1"), 409, "idempotency_key_reused")
+
+
+async def test_concurrent_same_key_appends_once(api: StreamsApi, db: asyncpg.Connection) -> None:
+    await api.create("r", "s")
+    responses = await asyncio.gather(*(api.append("r", "s", "once", key="same") for _ in range(10)))
+    bodies = [await r.json() for r in responses]
+    assert all(b["sequences"] == [1] for b in bodies)
+    assert sorted(r.status for r in responses) == [200] * 9 + [201]
+    assert await db.fetchval("SELECT count(*) FROM wfs_records") == 1
+
+
+async def test_32_concurrent_producers_strict_order(api: StreamsApi) -> None:
+    """No gaps, no duplicates, strictly ascending; each producer's records keep their order."""
+    await api.create("r", "s")
+    producers, rounds = 32, 10
+
+    async def produce(p: int) -> list[int]:
+        got = []
+        for i in range(rounds):
+            if i % 3 == 0:
+                resp = await api.append("r", "s", {"p": p, "i": i, "part": 0}, {"p": p, "i": i, "part": 1})
+            else:
+                resp = await api.append("r", "s", {"p": p, "i": i, "part": 0})
+            assert resp.status == 201, await resp.text()
+            got.extend((await resp.json())["sequences"])
+        return got
+
+    assigned = await asyncio.gather(*(produce(p) for p in range(producers)))
+    records = await api.read_all("r", "s")
+    sequences = [r["sequence"] for r in records]
+    total = producers * (rounds + (rounds + 2) // 3)
+    assert sequences == list(range(1, total + 1))
+    assert sorted(s for seqs in assigned for s in seqs) == sequences
+    for p in range(producers):
+        mine = [(r["data"]["i"], r["data"]["part"]) for r in records if r["data"]["p"] == p]
+        assert mine == sorted(mine)
+    # reading from every cursor returns exactly the suffix
+    for cursor in (0, 1, total // 2, total - 1, total):
+        page = await (await api.read("r", "s", after=cursor, limit=5)).json()
+        assert [r["sequence"] for r in page["records"]] == list(range(cursor + 1, min(cursor + 5, total) + 1))
+
+
+async def test_read_requires_read_right(api: StreamsApi) -> None:
+    await api.create("r", "s", authorization={"read": ["alice"]})
+    await api.append("r", "s", 1)
+    await problem(await api.as_(BOB).read("r", "s"), 403, "forbidden")
+    await problem(await api.as_(BOB).append("r", "s", 2), 403, "forbidden")
+    await problem(await api.as_({}).read("r", "s"), 401, "unauthenticated")
