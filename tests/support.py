@@ -53,6 +53,19 @@ def pins(**overrides: Any) -> dict[str, Any]:
     return result
 
 
+def credit(
+    max_unread_items: int, policy: str = "reject", block_timeout_ms: int = 10_000, **more: Any
+) -> dict[str, Any]:
+    """Credit pins with a generous byte ceiling unless given."""
+    return {
+        "max_unread_items": max_unread_items,
+        "max_unread_bytes": 10_000,
+        "policy": policy,
+        "block_timeout_ms": block_timeout_ms,
+        **more,
+    }
+
+
 class StreamsApi:
     def __init__(self, client: TestClient, headers: dict[str, str] | None = None) -> None:
         self.client = client
@@ -129,3 +142,58 @@ async def problem(resp: ClientResponse, status: int, code: str) -> dict[str, Any
     assert body["code"] == code, body
     assert body["status"] == status
     return body
+
+
+class SseEvent:
+    def __init__(self, event: str, data: str, id: str | None) -> None:
+        self.event, self.data, self.id = event, data, id
+
+    def json(self) -> Any:
+        import json
+
+        return json.loads(self.data)
+
+    def __repr__(self) -> str:
+        return f"SseEvent({self.event!r}, id={self.id!r})"
+
+
+class SseReader:
+    """A minimal text/event-stream parser over an aiohttp response, per the WHATWG rules we use."""
+
+    def __init__(self, resp: ClientResponse) -> None:
+        self.resp = resp
+        self.comments: list[str] = []
+
+    async def next(self, seconds: float = 10.0) -> SseEvent | None:
+        """The next event, or None when the server ends the stream."""
+        import asyncio
+
+        fields: dict[str, str] = {}
+        data: list[str] = []
+        while True:
+            line_bytes = await asyncio.wait_for(self.resp.content.readline(), seconds)
+            if not line_bytes:
+                return None
+            line = line_bytes.decode().rstrip("\n")
+            if line == "":
+                if data or fields.get("event"):
+                    return SseEvent(fields.get("event", "message"), "\n".join(data), fields.get("id"))
+                continue
+            if line.startswith(":"):
+                self.comments.append(line[1:].strip())
+                continue
+            name, _, value = line.partition(":")
+            value = value[1:] if value.startswith(" ") else value
+            if name == "data":
+                data.append(value)
+            else:
+                fields[name] = value
+
+    async def records(self, count: int, seconds: float = 10.0) -> list[int]:
+        out = []
+        while len(out) < count:
+            event = await self.next(seconds)
+            assert event is not None, f"stream ended after {out}"
+            assert event.event == "record", event
+            out.append(int(event.id or 0))
+        return out

@@ -37,6 +37,8 @@ class Settings:
     # how often the retention pruner sweeps (0 disables it in this process)
     prune_interval_seconds: float = 30.0
     sse_heartbeat_seconds: float = 15.0
+    # subscriptions end after this long and clients resume elsewhere: keeps replicas balanced
+    sse_max_connection_seconds: float = 3600.0
     max_request_bytes: int = 4 * 1024 * 1024
 
     @classmethod
@@ -60,4 +62,5 @@ class Settings:
             pool_max=int(env.get("WFS_POOL_MAX", "20")),
             prune_interval_seconds=float(env.get("WFS_PRUNE_INTERVAL_SECONDS", "30")),
             sse_heartbeat_seconds=float(env.get("WFS_SSE_HEARTBEAT_SECONDS", "15")),
+            sse_max_connection_seconds=float(env.get("WFS_SSE_MAX_CONNECTION_SECONDS", "3600")),
         )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import weakref
 from collections.abc import AsyncIterator
 
 from aiohttp import web
@@ -14,7 +15,7 @@ from ..config import Settings
 from ..store.db import create_pool
 from ..store.wakes import WakeHub
 from ..workers.pruner import run_pruner
-from . import streams
+from . import streams, subscribe
 from .auth import TokenAuthenticator
 from .problems import problem_middleware
 from .state import STATE, AppState
@@ -56,6 +57,10 @@ def create_app(settings: Settings) -> web.Application:
 
     api = web.Application()
     api.add_routes(streams.routes)
+    api.add_routes(subscribe.routes)
+    open_streams: weakref.WeakSet[asyncio.Task[object]] = weakref.WeakSet()
+    app[subscribe.OPEN_STREAMS] = open_streams
+    app.on_shutdown.append(subscribe.close_open_streams)
     app.cleanup_ctx.append(resources)
     app.router.add_get("/healthz", _health)
     app.router.add_get("/readyz", _ready)

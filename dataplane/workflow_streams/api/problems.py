@@ -9,6 +9,8 @@ from typing import Any
 from aiohttp import web
 
 from ..domain import errors
+from ..store.db import DB_UNAVAILABLE
+from .state import STREAMING
 
 log = logging.getLogger(__name__)
 
@@ -74,14 +76,27 @@ async def problem_middleware(request: web.Request, handler: Any) -> web.StreamRe
     try:
         response: web.StreamResponse = await handler(request)
         return response
-    except errors.StreamError as exc:
-        return from_error(exc)
-    except web.HTTPException as exc:
-        if exc.status < 400:
+    except Exception as exc:
+        # redirects pass through; a started stream can no longer become a problem response
+        if request.get(STREAMING) or (isinstance(exc, web.HTTPException) and exc.status < 400):
             raise
+        return problem_for(request, exc)
+
+
+def problem_for(request: web.Request, exc: Exception) -> web.Response:
+    if isinstance(exc, errors.StreamError):
+        return from_error(exc)
+    if isinstance(exc, web.HTTPException):
         code = _HTTP_CODES.get(exc.status, f"http_{exc.status}")
         headers = {k: v for k, v in exc.headers.items() if k.lower() in ("allow", "retry-after")}
         return problem(exc.status, code, exc.reason, headers)
-    except Exception:
-        log.exception("unhandled error on %s %s", request.method, request.path)
-        return problem(500, "internal_error", "the server failed; the request may be retried")
+    if isinstance(exc, DB_UNAVAILABLE):
+        log.warning("database unavailable on %s %s: %s", request.method, request.path, exc)
+        return problem(
+            503,
+            "database_unavailable",
+            "the database is unavailable; retry (appends with an Idempotency-Key are safe to retry)",
+            {"Retry-After": "1"},
+        )
+    log.error("unhandled error on %s %s", request.method, request.path, exc_info=exc)
+    return problem(500, "internal_error", "the server failed; the request may be retried")

@@ -22,11 +22,13 @@ class AppState:
 
 
 STATE = web.AppKey("workflow_streams_state", AppState)
+# set on a request once its streaming response has started: errors can no longer become responses
+STREAMING = web.RequestKey("workflow_streams_streaming", bool)
 
 
 def state_of(request: web.Request) -> AppState:
     return request.config_dict[STATE]
 
 
-def principal_of(request: web.Request) -> Principal:
-    return state_of(request).authenticator.authenticate(request)
+def principal_of(request: web.Request, allow_query_token: bool = False) -> Principal:
+    return state_of(request).authenticator.authenticate(request, allow_query_token)

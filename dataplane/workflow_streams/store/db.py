@@ -7,8 +7,15 @@ from typing import Any
 
 import asyncpg
 
-Pool = asyncpg.Pool
-Connection = asyncpg.Connection
+# what a Postgres restart or network loss looks like to a caller: worth a retry, not a bug
+DB_UNAVAILABLE: tuple[type[BaseException], ...] = (
+    OSError,
+    asyncpg.PostgresConnectionError,
+    asyncpg.InterfaceError,
+    asyncpg.CannotConnectNowError,
+    asyncpg.AdminShutdownError,
+    asyncpg.CrashShutdownError,
+)
 
 
 async def _init_connection(conn: asyncpg.Connection) -> None:
@@ -16,6 +23,7 @@ async def _init_connection(conn: asyncpg.Connection) -> None:
 
 
 async def create_pool(dsn: str, min_size: int = 2, max_size: int = 20, **kwargs: Any) -> asyncpg.Pool:
+    kwargs.setdefault("server_settings", {"application_name": "wfs-pool"})
     pool = await asyncpg.create_pool(
         dsn, min_size=min_size, max_size=max_size, init=_init_connection, **kwargs
     )

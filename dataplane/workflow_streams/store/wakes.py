@@ -119,7 +119,7 @@ class WakeHub:
         backoff = 0.1
         while True:
             try:
-                conn = await asyncpg.connect(self._dsn)
+                conn = await asyncpg.connect(self._dsn, server_settings={"application_name": "wfs-listen"})
                 self._conn = conn
                 lost = asyncio.Event()
                 conn.add_termination_listener(lambda _conn, lost=lost: lost.set())

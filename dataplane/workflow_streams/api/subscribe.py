@@ -1,0 +1,185 @@
+"""Live subscriptions over Server-Sent Events.
+
+Order of operations, which is what makes this exact: register the wake watcher, then backfill from
+Postgres, then follow. Every wake re-reads Postgres after the last delivered sequence; notification
+payloads are never the data. Memory per subscriber is one page plus the socket buffer: a slow reader
+holds back only its own reads, and one that stops reading is disconnected with a resumable id.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import weakref
+
+import asyncpg
+from aiohttp import web
+
+from ..domain.authz import Principal
+from ..domain.cursor import parse_cursor
+from ..domain.errors import InvalidInput, StreamError
+from ..store import gaps, reads, wakes
+from ..store.db import DB_UNAVAILABLE
+from .state import STREAMING, principal_of, state_of
+from .streams import STREAM, stream_key
+
+log = logging.getLogger(__name__)
+
+routes = web.RouteTableDef()
+
+PAGE = 500
+RECONNECT_MS = 1000
+# a client that does not take a page within this time is cut off; it resumes with Last-Event-ID
+WRITE_TIMEOUT_SECONDS = 30.0
+
+# handler tasks of open subscriptions, cancelled on shutdown
+OPEN_STREAMS = web.AppKey("workflow_streams_open_sse", weakref.WeakSet[asyncio.Task[object]])
+
+
+def _resume_cursor(request: web.Request) -> int:
+    """A browser's automatic reconnect sends Last-Event-ID, which wins over the original ?after."""
+    last_event_id = request.headers.get("Last-Event-ID")
+    if last_event_id is not None:
+        return parse_cursor(last_event_id.strip(), "Last-Event-ID")
+    return parse_cursor(request.query.get("after"))
+
+
+def _event(record: asyncpg.Record) -> bytes:
+    data = json.dumps(reads.record_json(record), separators=(",", ":"))
+    return f"id: {record['sequence']}\nevent: record\ndata: {data}\n\n".encode()
+
+
+async def _write(response: web.StreamResponse, chunk: bytes) -> None:
+    await asyncio.wait_for(response.write(chunk), WRITE_TIMEOUT_SECONDS)
+
+
+@routes.get(STREAM + "/subscribe")
+async def subscribe(request: web.Request) -> web.StreamResponse:
+    app = state_of(request)
+    principal = principal_of(request, allow_query_token=True)
+    run_id, stream_id = stream_key(request)
+    after = _resume_cursor(request)
+    unknown = set(request.query) - {"after", "access_token"}
+    if unknown:
+        raise InvalidInput(f"unknown query parameter(s): {', '.join(sorted(unknown))}", field=min(unknown))
+    settings = app.settings
+    ends_at = asyncio.get_running_loop().time() + settings.sse_max_connection_seconds
+
+    with app.hub.watch(wakes.RECORDS, run_id, stream_id) as wake:
+        # the first read validates cursor and rights, so errors are ordinary HTTP responses
+        async with app.pool.acquire() as conn:
+            page = await reads.read_page(conn, run_id, stream_id, after, PAGE, principal)
+        response = await _start_event_stream(request)
+        last = after
+        try:
+            while True:
+                last = await _deliver(response, page, last)
+                if len(page.records) < PAGE:  # caught up: follow
+                    if page.closed and last >= page.bounds.latest:
+                        await _write(response, _close_event(last))
+                        break
+                    if not await _await_news(response, wake, ends_at, settings.sse_heartbeat_seconds):
+                        break  # rebalance: the client reconnects (maybe elsewhere) with Last-Event-ID
+                    await _note_gap(app.pool, run_id, stream_id, wake, last)
+                wake.clear()
+                page = await _read_retrying(app.pool, run_id, stream_id, last, principal, response)
+        except StreamError as exc:
+            # e.g. retention pruned past a lagging subscriber: say why in-band, then end
+            await _write(response, _error_event(exc))
+        except ConnectionResetError:
+            log.info("subscriber of %s/%s left at sequence %d", run_id, stream_id, last)
+        except TimeoutError:
+            log.info("subscriber of %s/%s too slow at sequence %d: disconnected", run_id, stream_id, last)
+            if request.transport is not None:
+                request.transport.abort()  # drop what is buffered: it resumes with Last-Event-ID
+        return response
+
+
+async def _start_event_stream(request: web.Request) -> web.StreamResponse:
+    response = web.StreamResponse(
+        headers={
+            "Content-Type": "text/event-stream",
+            "Cache-Control": "no-cache, no-transform",
+            "X-Accel-Buffering": "no",
+        }
+    )
+    await response.prepare(request)
+    task = asyncio.current_task()
+    if task is not None:
+        request.config_dict[OPEN_STREAMS].add(task)
+    request[STREAMING] = True
+    await _write(response, f"retry: {RECONNECT_MS}\n\n".encode())
+    return response
+
+
+async def _deliver(response: web.StreamResponse, page: reads.Page, last: int) -> int:
+    """Write the page's records after ``last``; boundary duplicates are dropped. Returns the new last."""
+    fresh = [r for r in page.records if r["sequence"] > last]
+    if fresh:
+        await _write(response, b"".join(_event(r) for r in fresh))
+        return int(fresh[-1]["sequence"])
+    return last
+
+
+def _error_event(exc: StreamError) -> bytes:
+    body = {"code": exc.code, "detail": exc.detail, **exc.extra}
+    return f"event: error\ndata: {json.dumps(body)}\n\n".encode()
+
+
+def _close_event(last: int) -> bytes:
+    return f"event: close\ndata: {json.dumps({'last_sequence': last})}\n\n".encode()
+
+
+async def _await_news(
+    response: web.StreamResponse, wake: wakes.Wake, ends_at: float, heartbeat: float
+) -> bool:
+    """Wait for a wake, writing heartbeat comments while idle. False once the connection's time is up."""
+    loop = asyncio.get_running_loop()
+    while True:
+        remaining = ends_at - loop.time()
+        if remaining <= 0:
+            return False
+        if await wake.wait(min(heartbeat, remaining)):
+            return True
+        await _write(response, b": heartbeat\n\n")
+
+
+async def _read_retrying(
+    pool: asyncpg.Pool,
+    run_id: str,
+    stream_id: str,
+    after: int,
+    principal: Principal,
+    response: web.StreamResponse,
+) -> reads.Page:
+    """Keep the subscriber while Postgres restarts: retry reads, with heartbeats so proxies stay."""
+    delay = 0.1
+    while True:
+        try:
+            async with pool.acquire() as conn:
+                return await reads.read_page(conn, run_id, stream_id, after, PAGE, principal)
+        except DB_UNAVAILABLE as exc:
+            log.warning("subscription read failed (%s); retrying in %.1fs", exc, delay)
+            await _write(response, b": database unavailable, retrying\n\n")
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 2.0)
+
+
+async def _note_gap(pool: asyncpg.Pool, run_id: str, stream_id: str, wake: wakes.Wake, last: int) -> None:
+    """A wake that announces records beyond last + 1 means notifications were missed: the re-read
+    fills the gap from Postgres, and the evidence is kept."""
+    first = wake.first_announced
+    if first is not None and first > last + 1:
+        try:
+            async with pool.acquire() as conn:
+                await gaps.record_gap(conn, run_id, stream_id, last + 1, first, detected_by="sse")
+        except DB_UNAVAILABLE as exc:
+            log.warning("could not record gap evidence: %s", exc)
+
+
+async def close_open_streams(app: web.Application) -> None:
+    """On shutdown: end open subscriptions so clients reconnect to another replica promptly."""
+    tasks: weakref.WeakSet[asyncio.Task[object]] = app[OPEN_STREAMS]
+    for task in list(tasks):
+        task.cancel()
