@@ -42,9 +42,7 @@ async def test_cross_scope_ack_is_forbidden(api: StreamsApi, db: asyncpg.Connect
     await api.ack("r", "s", "c1", 1)
     await problem(await api.ack("r", "other", "c1", 2), 403, "consumer_scope_mismatch")
     await problem(await api.ack("r2", "s", "c1", 2), 403, "consumer_scope_mismatch")
-    row = await db.fetchrow(
-        "SELECT run_id, stream_id, acked_sequence FROM wfs_consumers WHERE consumer_id = 'c1'"
-    )
+    row = await db.fetchrow("SELECT run_id, stream_id, acked_sequence FROM wfs_consumers WHERE consumer_id = 'c1'")
     assert tuple(row) == ("r", "s", 1)
 
 

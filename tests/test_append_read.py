@@ -51,9 +51,7 @@ async def test_cursor_errors(api: StreamsApi) -> None:
     await problem(await api.read("r", "missing"), 404, "not_found")
 
 
-async def test_inline_limit_is_64_kib_and_oversize_appends_nothing(
-    api: StreamsApi, db: asyncpg.Connection
-) -> None:
+async def test_inline_limit_is_64_kib_and_oversize_appends_nothing(api: StreamsApi, db: asyncpg.Connection) -> None:
     await api.create("r", "s")
     exact = "x" * (64 * 1024 - 2)  # JSON string quotes make it exactly 64 KiB
     assert (await api.append("r", "s", exact)).status == 201

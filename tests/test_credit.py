@@ -91,9 +91,7 @@ async def test_block_policy_times_out_with_429(api: StreamsApi) -> None:
 
 
 async def test_total_quota_exhausted_leaves_stream_unchanged(api: StreamsApi, db: asyncpg.Connection) -> None:
-    await api.create(
-        "r", "s", credit={"max_unread_items": 100, "max_unread_bytes": 10_000, "max_total_items": 3}
-    )
+    await api.create("r", "s", credit={"max_unread_items": 100, "max_unread_bytes": 10_000, "max_total_items": 3})
     await api.append("r", "s", 1, 2)
     before = await db.fetchrow("SELECT last_sequence, appended_bytes FROM wfs_streams")
     await problem(await api.append("r", "s", 3, 4), 409, "quota_exhausted")
@@ -106,9 +104,7 @@ async def test_total_quota_exhausted_leaves_stream_unchanged(api: StreamsApi, db
 
 
 async def test_total_bytes_quota(api: StreamsApi) -> None:
-    await api.create(
-        "r", "s", credit={"max_unread_items": 100, "max_unread_bytes": 10_000, "max_total_bytes": 5}
-    )
+    await api.create("r", "s", credit={"max_unread_items": 100, "max_unread_bytes": 10_000, "max_total_bytes": 5})
     assert (await api.append("r", "s", "abc")).status == 201  # 5 bytes of JSON
     await problem(await api.append("r", "s", 1), 409, "quota_exhausted")
 

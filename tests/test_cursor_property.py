@@ -61,9 +61,7 @@ ops = st.lists(
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(operations=ops)
 @pytest.mark.slow
-async def test_http_reads_follow_the_model(
-    api: StreamsApi, db: asyncpg.Connection, operations: list[Op]
-) -> None:
+async def test_http_reads_follow_the_model(api: StreamsApi, db: asyncpg.Connection, operations: list[Op]) -> None:
     """Random appends, prunes (max_records=5) and reads over HTTP agree with the list model."""
     stream = f"s-{uuid.uuid4().hex[:12]}"
     await api.create("prop", stream, retention={"max_records": 5})
@@ -71,9 +69,7 @@ async def test_http_reads_follow_the_model(
     latest = 0
     for kind, a, b in operations:
         if kind == "append":
-            resp = (
-                await api.append("prop", stream, *range(a)) if a > 1 else await api.append("prop", stream, 0)
-            )
+            resp = await api.append("prop", stream, *range(a)) if a > 1 else await api.append("prop", stream, 0)
             assert resp.status == 201
             new = list(range(latest + 1, latest + a + 1))
             assert (await resp.json())["sequences"] == new

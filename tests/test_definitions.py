@@ -25,9 +25,7 @@ async def test_defaults_are_part_of_the_pins(api: StreamsApi) -> None:
     explicit = pins()
     explicit["credit"]["block_timeout_ms"] = 5000
     explicit["redaction"] = {"strategy": "drop_payload", "fields": []}
-    resp = await api.client.post(
-        api.url("run-1"), json={"stream_id": "out", "pins": explicit}, headers=api.headers
-    )
+    resp = await api.client.post(api.url("run-1"), json={"stream_id": "out", "pins": explicit}, headers=api.headers)
     assert resp.status == 200
 
 
@@ -90,7 +88,5 @@ async def test_bad_identifiers_are_rejected(api: StreamsApi) -> None:
         resp = await api.client.get(f"{API_PREFIX}/runs/{bad}/streams/out", headers=api.headers)
         assert resp.status in (400, 404), (bad, resp.status)
         assert resp.content_type == "application/problem+json"
-    resp = await api.client.post(
-        api.url("run-1"), json={"stream_id": "a/b", "pins": pins()}, headers=api.headers
-    )
+    resp = await api.client.post(api.url("run-1"), json={"stream_id": "a/b", "pins": pins()}, headers=api.headers)
     await problem(resp, 400, "invalid_input")

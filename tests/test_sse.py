@@ -115,9 +115,7 @@ async def test_skipped_wake_is_recorded_as_gap_evidence(api: StreamsApi, db: asy
     # a wake that announces sequence 5 when 3 is next: notifications 3..4 were missed
     await db.execute("SELECT pg_notify('wfs_records', 'r/s/5/5')")
     for _ in range(100):
-        row = await db.fetchrow(
-            "SELECT expected_sequence, observed_sequence, detected_by FROM wfs_gap_evidence"
-        )
+        row = await db.fetchrow("SELECT expected_sequence, observed_sequence, detected_by FROM wfs_gap_evidence")
         if row:
             break
         await asyncio.sleep(0.05)

@@ -73,12 +73,8 @@ def main(argv: list[str] | None = None) -> int:
     dev.add_argument("--port", type=int, default=8080)
     dev.add_argument("--token", help="use this dev token instead of a random one")
     dev.set_defaults(func=cmd_dev)
-    sub.add_parser("serve", help="serve the data plane, configured from WFS_* env").set_defaults(
-        func=cmd_serve
-    )
-    sub.add_parser("migrate", help="apply pending migrations to WFS_DATABASE_URL").set_defaults(
-        func=cmd_migrate
-    )
+    sub.add_parser("serve", help="serve the data plane, configured from WFS_* env").set_defaults(func=cmd_serve)
+    sub.add_parser("migrate", help="apply pending migrations to WFS_DATABASE_URL").set_defaults(func=cmd_migrate)
     args = parser.parse_args(argv)
     return int(args.func(args))
 

@@ -40,6 +40,8 @@ class Settings:
     # subscriptions end after this long and clients resume elsewhere: keeps replicas balanced
     sse_max_connection_seconds: float = 3600.0
     max_request_bytes: int = 4 * 1024 * 1024
+    # how the LISTEN connection names itself in pg_stat_activity
+    listen_application_name: str = "wfs-listen"
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> Settings:

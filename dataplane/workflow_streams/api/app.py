@@ -41,7 +41,7 @@ def create_app(settings: Settings) -> web.Application:
 
     async def resources(app: web.Application) -> AsyncIterator[None]:
         pool = await create_pool(settings.database_url, settings.pool_min, settings.pool_max)
-        hub = WakeHub(settings.database_url)
+        hub = WakeHub(settings.database_url, application_name=settings.listen_application_name)
         await hub.start()
         app[STATE] = AppState(settings, pool, hub, TokenAuthenticator(settings.tokens))
         tasks = []

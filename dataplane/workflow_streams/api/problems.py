@@ -47,9 +47,7 @@ _HTTP_CODES = {
 }
 
 
-def problem(
-    status: int, code: str, detail: str, headers: dict[str, str] | None = None, **extra: Any
-) -> web.Response:
+def problem(status: int, code: str, detail: str, headers: dict[str, str] | None = None, **extra: Any) -> web.Response:
     body = {
         "type": f"urn:workflow-streams:problem:{code}",
         "title": code.replace("_", " "),

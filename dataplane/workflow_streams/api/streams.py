@@ -24,9 +24,7 @@ MAX_LIMIT = 1000
 
 
 def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
-    return web.Response(
-        status=status, body=json.dumps(body), content_type="application/json", headers=headers
-    )
+    return web.Response(status=status, body=json.dumps(body), content_type="application/json", headers=headers)
 
 
 async def read_json(request: web.Request) -> Any:
@@ -70,9 +68,7 @@ def _limit(request: web.Request) -> int:
 def _idempotency_key(request: web.Request) -> str | None:
     key = request.headers.get("Idempotency-Key")
     if key is not None and not (0 < len(key) <= 255 and key.isascii() and key.isprintable()):
-        raise InvalidInput(
-            "Idempotency-Key must be 1-255 printable ASCII characters", field="Idempotency-Key"
-        )
+        raise InvalidInput("Idempotency-Key must be 1-255 printable ASCII characters", field="Idempotency-Key")
     return key
 
 

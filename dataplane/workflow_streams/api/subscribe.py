@@ -131,9 +131,7 @@ def _close_event(last: int) -> bytes:
     return f"event: close\ndata: {json.dumps({'last_sequence': last})}\n\n".encode()
 
 
-async def _await_news(
-    response: web.StreamResponse, wake: wakes.Wake, ends_at: float, heartbeat: float
-) -> bool:
+async def _await_news(response: web.StreamResponse, wake: wakes.Wake, ends_at: float, heartbeat: float) -> bool:
     """Wait for a wake, writing heartbeat comments while idle. False once the connection's time is up."""
     loop = asyncio.get_running_loop()
     while True:

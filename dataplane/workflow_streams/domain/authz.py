@@ -29,9 +29,7 @@ def may(authorization: Authorization, principal: Principal, action: Action) -> b
 
 def may_see(authorization: Authorization, principal: Principal) -> bool:
     """Any right on a stream lets a principal read its definition."""
-    return any(
-        may(authorization, principal, action) for action in ("append", "read", "ack", "close", "legal_hold")
-    )
+    return any(may(authorization, principal, action) for action in ("append", "read", "ack", "close", "legal_hold"))
 
 
 def require(authorization: Authorization, principal: Principal, action: Action) -> None:

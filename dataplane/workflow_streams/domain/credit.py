@@ -45,10 +45,7 @@ def decide(credit: Credit, usage: Usage, items: int, size: int) -> Verdict:
         return Verdict.QUOTA_EXHAUSTED
     if items > credit.max_unread_items or size > credit.max_unread_bytes:
         return Verdict.BATCH_TOO_LARGE
-    if (
-        usage.unread_items + items > credit.max_unread_items
-        or usage.unread_bytes + size > credit.max_unread_bytes
-    ):
+    if usage.unread_items + items > credit.max_unread_items or usage.unread_bytes + size > credit.max_unread_bytes:
         return Verdict.UNREAD_FULL
     return Verdict.ALLOW
 

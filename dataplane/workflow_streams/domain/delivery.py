@@ -13,9 +13,7 @@ def event_id(run_id: str, stream_id: str, sequence: int) -> str:
     return str(uuid.uuid5(_NAMESPACE, f"{run_id}/{stream_id}/{sequence}"))
 
 
-def backoff_seconds(
-    attempts: int, base: float = 0.5, cap: float = 300.0, rng: random.Random | None = None
-) -> float:
+def backoff_seconds(attempts: int, base: float = 0.5, cap: float = 300.0, rng: random.Random | None = None) -> float:
     """Exponential backoff with full jitter after ``attempts`` failed attempts (attempts >= 1)."""
     ceiling = min(cap, base * 2 ** min(attempts - 1, 30))
     return (rng or random).uniform(ceiling / 2, ceiling)

@@ -13,8 +13,7 @@ def check_id(kind: str, value: str) -> str:
     """Return ``value`` if it is a valid identifier, else raise InvalidInput naming ``kind``."""
     if not _ID.fullmatch(value) or ".." in value:
         raise InvalidInput(
-            f"{kind} must be 1-128 characters of letters, digits, '.', '_' or '-', starting with a "
-            "letter or digit",
+            f"{kind} must be 1-128 characters of letters, digits, '.', '_' or '-', starting with a letter or digit",
             field=kind,
         )
     return value

@@ -124,6 +124,4 @@ def parse_pins(raw: object) -> StreamPins:
 
 def field_errors(exc: ValidationError) -> list[dict[str, str]]:
     """Pydantic errors as a stable, JSON-ready list, without echoing the caller's input back."""
-    return [
-        {"field": "/".join(str(part) for part in err["loc"]), "message": err["msg"]} for err in exc.errors()
-    ]
+    return [{"field": "/".join(str(part) for part in err["loc"]), "message": err["msg"]} for err in exc.errors()]

@@ -51,11 +51,7 @@ def _parse_record(item: Any, where: str) -> RecordIn:
     if unknown:
         raise InvalidInput(f"unknown field(s): {', '.join(sorted(unknown))}", field=f"{prefix}{min(unknown)}")
     content_type = item.get("content_type", "application/json")
-    if (
-        not isinstance(content_type, str)
-        or not 0 < len(content_type) <= 255
-        or not content_type.isprintable()
-    ):
+    if not isinstance(content_type, str) or not 0 < len(content_type) <= 255 or not content_type.isprintable():
         raise InvalidInput("content_type must be a short printable string", field=f"{prefix}content_type")
     has_data, has_b64 = "data" in item, "data_base64" in item
     if has_data == has_b64:

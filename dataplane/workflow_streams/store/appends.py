@@ -178,9 +178,7 @@ async def append_once(
                 [event_id(run_id, stream_id, s) for s in sequences],
             )
         # delivered by Postgres only after COMMIT: a wake never precedes the durable records
-        await conn.execute(
-            "SELECT pg_notify($1, $2)", wakes.RECORDS, wakes.payload(run_id, stream_id, first, last)
-        )
+        await conn.execute("SELECT pg_notify($1, $2)", wakes.RECORDS, wakes.payload(run_id, stream_id, first, last))
         return AppendResult(first, last, replayed=False)
 
 

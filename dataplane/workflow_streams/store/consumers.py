@@ -51,9 +51,7 @@ async def ack(
             raise ConsumerScopeMismatch("this consumer belongs to another stream")
         current = consumer["acked_sequence"]
         if sequence < current:
-            raise AckRegression(
-                f"consumer already acknowledged {current}; acks only advance", acked_sequence=current
-            )
+            raise AckRegression(f"consumer already acknowledged {current}; acks only advance", acked_sequence=current)
         if sequence > current:
             await conn.execute(
                 """UPDATE wfs_consumers SET acked_sequence = $2, updated_at = now(), updated_by = $3
@@ -63,7 +61,5 @@ async def ack(
                 principal.name,
             )
         # also wakes blocked appenders when a new consumer registers
-        await conn.execute(
-            "SELECT pg_notify($1, $2)", wakes.ACKS, wakes.payload(run_id, stream_id, sequence, sequence)
-        )
+        await conn.execute("SELECT pg_notify($1, $2)", wakes.ACKS, wakes.payload(run_id, stream_id, sequence, sequence))
         return {"consumer_id": consumer_id, "acked_sequence": sequence}

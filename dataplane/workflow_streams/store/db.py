@@ -24,8 +24,6 @@ async def _init_connection(conn: asyncpg.Connection) -> None:
 
 async def create_pool(dsn: str, min_size: int = 2, max_size: int = 20, **kwargs: Any) -> asyncpg.Pool:
     kwargs.setdefault("server_settings", {"application_name": "wfs-pool"})
-    pool = await asyncpg.create_pool(
-        dsn, min_size=min_size, max_size=max_size, init=_init_connection, **kwargs
-    )
+    pool = await asyncpg.create_pool(dsn, min_size=min_size, max_size=max_size, init=_init_connection, **kwargs)
     assert pool is not None
     return pool

@@ -99,9 +99,7 @@ async def create_definition(
     )
     if row is not None:
         return _definition(row), True
-    existing = await conn.fetchrow(
-        "SELECT * FROM wfs_streams WHERE run_id = $1 AND stream_id = $2", run_id, stream_id
-    )
+    existing = await conn.fetchrow("SELECT * FROM wfs_streams WHERE run_id = $1 AND stream_id = $2", run_id, stream_id)
     if existing is None:  # deleted between the two statements; the caller may retry
         raise PinsConflict("the stream was deleted while being created; retry")
     definition = _definition(existing)
@@ -117,9 +115,7 @@ async def create_definition(
 
 
 async def get_stream(conn: asyncpg.Connection, run_id: str, stream_id: str) -> tuple[Definition, StreamState]:
-    row = await conn.fetchrow(
-        "SELECT * FROM wfs_streams WHERE run_id = $1 AND stream_id = $2", run_id, stream_id
-    )
+    row = await conn.fetchrow("SELECT * FROM wfs_streams WHERE run_id = $1 AND stream_id = $2", run_id, stream_id)
     if row is None:
         raise NotFound("no such stream")
     return _definition(row), await _state(conn, row)
@@ -152,9 +148,7 @@ async def lock_stream(conn: asyncpg.Connection, run_id: str, stream_id: str) -> 
     return row
 
 
-async def close_stream(
-    conn: asyncpg.Connection, run_id: str, stream_id: str, principal: Principal
-) -> StreamState:
+async def close_stream(conn: asyncpg.Connection, run_id: str, stream_id: str, principal: Principal) -> StreamState:
     async with conn.transaction():
         row = await lock_stream(conn, run_id, stream_id)
         require(pins_of(row).authorization, principal, "close")
@@ -167,9 +161,7 @@ async def close_stream(
                 principal.name,
             )
             # subscribers drain and then see the close
-            await conn.execute(
-                "SELECT pg_notify('wfs_records', $1)", f"{run_id}/{stream_id}/0/{row['last_sequence']}"
-            )
+            await conn.execute("SELECT pg_notify('wfs_records', $1)", f"{run_id}/{stream_id}/0/{row['last_sequence']}")
         return await _state(conn, row)
 
 

@@ -60,8 +60,9 @@ class Wake:
 
 
 class WakeHub:
-    def __init__(self, dsn: str, keepalive_seconds: float = 5.0) -> None:
+    def __init__(self, dsn: str, keepalive_seconds: float = 5.0, application_name: str = "wfs-listen") -> None:
         self._dsn = dsn
+        self._application_name = application_name
         self._keepalive = keepalive_seconds
         self._watchers: dict[tuple[str, str, str], set[Wake]] = {}
         self._task: asyncio.Task[None] | None = None
@@ -119,7 +120,7 @@ class WakeHub:
         backoff = 0.1
         while True:
             try:
-                conn = await asyncpg.connect(self._dsn, server_settings={"application_name": "wfs-listen"})
+                conn = await asyncpg.connect(self._dsn, server_settings={"application_name": self._application_name})
                 self._conn = conn
                 lost = asyncio.Event()
                 conn.add_termination_listener(lambda _conn, lost=lost: lost.set())
