@@ -126,7 +126,9 @@ CREATE TABLE wfs_input_deliveries (
     PRIMARY KEY (run_id, stream_id, sequence),
     FOREIGN KEY (run_id, stream_id) REFERENCES wfs_streams ON DELETE CASCADE
 );
-CREATE INDEX wfs_input_deliveries_due ON wfs_input_deliveries (next_attempt_at) WHERE state = 'pending';
+-- the dispatcher looks for each stream's head: its lowest undelivered row
+CREATE INDEX wfs_input_deliveries_head ON wfs_input_deliveries (run_id, stream_id, sequence)
+    WHERE state IN ('pending', 'failed');
 
 -- Objects whose records were pruned (or whose stream was deleted) wait here for S3 deletion.
 -- No foreign key: the outbox outlives the stream it came from.

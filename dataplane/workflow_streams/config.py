@@ -40,6 +40,12 @@ class Settings:
     # subscriptions end after this long and clients resume elsewhere: keeps replicas balanced
     sse_max_connection_seconds: float = 3600.0
     max_request_bytes: int = 4 * 1024 * 1024
+    # the workflow wait service that input records are delivered to (unset: no dispatcher here)
+    wait_service_url: str | None = None
+    worker_lease_seconds: float = 15.0
+    delivery_timeout_seconds: float = 5.0
+    delivery_backoff_base_seconds: float = 0.5
+    delivery_max_attempts: int = 25
     # how the LISTEN connection names itself in pg_stat_activity
     listen_application_name: str = "wfs-listen"
 
@@ -65,4 +71,9 @@ class Settings:
             prune_interval_seconds=float(env.get("WFS_PRUNE_INTERVAL_SECONDS", "30")),
             sse_heartbeat_seconds=float(env.get("WFS_SSE_HEARTBEAT_SECONDS", "15")),
             sse_max_connection_seconds=float(env.get("WFS_SSE_MAX_CONNECTION_SECONDS", "3600")),
+            wait_service_url=env.get("WFS_WAIT_SERVICE_URL") or None,
+            worker_lease_seconds=float(env.get("WFS_WORKER_LEASE_SECONDS", "15")),
+            delivery_timeout_seconds=float(env.get("WFS_DELIVERY_TIMEOUT_SECONDS", "5")),
+            delivery_backoff_base_seconds=float(env.get("WFS_DELIVERY_BACKOFF_BASE_SECONDS", "0.5")),
+            delivery_max_attempts=int(env.get("WFS_DELIVERY_MAX_ATTEMPTS", "25")),
         )

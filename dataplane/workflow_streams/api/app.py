@@ -14,6 +14,7 @@ from .. import API_PREFIX
 from ..config import Settings
 from ..store.db import create_pool
 from ..store.wakes import WakeHub
+from ..workers.dispatcher import Dispatcher, DispatchSettings
 from ..workers.pruner import run_pruner
 from . import streams, subscribe
 from .auth import TokenAuthenticator
@@ -36,6 +37,17 @@ async def _ready(request: web.Request) -> web.Response:
     return web.json_response({"status": "ready"})
 
 
+def dispatch_settings(settings: Settings) -> DispatchSettings:
+    assert settings.wait_service_url
+    return DispatchSettings(
+        url=settings.wait_service_url,
+        lease_seconds=settings.worker_lease_seconds,
+        request_timeout_seconds=settings.delivery_timeout_seconds,
+        backoff_base_seconds=settings.delivery_backoff_base_seconds,
+        max_attempts=settings.delivery_max_attempts,
+    )
+
+
 def create_app(settings: Settings) -> web.Application:
     app = web.Application(client_max_size=settings.max_request_bytes, middlewares=[problem_middleware])
 
@@ -47,6 +59,9 @@ def create_app(settings: Settings) -> web.Application:
         tasks = []
         if settings.prune_interval_seconds > 0:
             tasks.append(asyncio.create_task(run_pruner(pool, settings.prune_interval_seconds)))
+        if settings.wait_service_url:
+            dispatcher = Dispatcher(pool, hub, dispatch_settings(settings))
+            tasks.append(asyncio.create_task(dispatcher.run(), name="wfs-dispatcher"))
         yield
         for task in tasks:
             task.cancel()

@@ -7,13 +7,13 @@ from typing import Any
 
 from aiohttp import web
 
-from ..domain.authz import may_see
+from ..domain.authz import may_see, require
 from ..domain.cursor import parse_cursor
 from ..domain.errors import Forbidden, InvalidInput
 from ..domain.ids import check_id
 from ..domain.pins import parse_pins
 from ..domain.records import parse_append_body
-from ..store import appends, consumers, definitions, reads
+from ..store import appends, consumers, definitions, deliveries, reads
 from .state import principal_of, state_of
 
 routes = web.RouteTableDef()
@@ -174,3 +174,27 @@ async def legal_hold(request: web.Request) -> web.Response:
     async with app.pool.acquire() as conn:
         state = await definitions.set_legal_hold(conn, run_id, stream_id, hold_id, enabled, reason, principal)
     return json_response(state.to_json())
+
+
+@routes.get(STREAM + "/deliveries")
+async def delivery_status(request: web.Request) -> web.Response:
+    """Input delivery progress: counts by state, failed rows (they block the stream), the next due."""
+    app = state_of(request)
+    principal = principal_of(request)
+    run_id, stream_id = stream_key(request)
+    async with app.pool.acquire() as conn:
+        definition, _ = await definitions.get_stream(conn, run_id, stream_id)
+        require(definition.pins.authorization, principal, "read")
+        return json_response(await deliveries.summary(conn, run_id, stream_id))
+
+
+@routes.post(STREAM + "/deliveries/requeue")
+async def requeue_deliveries(request: web.Request) -> web.Response:
+    """Once the wait service is fixed: failed deliveries are retried, in order."""
+    app = state_of(request)
+    principal = principal_of(request)
+    run_id, stream_id = stream_key(request)
+    async with app.pool.acquire() as conn:
+        definition, _ = await definitions.get_stream(conn, run_id, stream_id)
+        require(definition.pins.authorization, principal, "append")
+        return json_response({"requeued": await deliveries.requeue_failed(conn, run_id, stream_id)})

@@ -20,7 +20,8 @@ RECORDS = "wfs_records"
 ACKS = "wfs_acks"
 CHANNELS = (RECORDS, ACKS)
 
-StreamKey = tuple[str, str]
+# identifiers are never empty, so this cannot collide with a real stream
+_ANY = ""
 
 
 def payload(run_id: str, stream_id: str, first: int = 0, last: int = 0) -> str:
@@ -98,6 +99,12 @@ class WakeHub:
                 if not watchers:
                     del self._watchers[key]
 
+    @contextlib.contextmanager
+    def watch_channel(self, channel: str) -> Iterator[Wake]:
+        """Woken by every notification on ``channel``, whatever the stream (for workers)."""
+        with self.watch(channel, _ANY, _ANY) as wake:
+            yield wake
+
     def watcher_count(self) -> int:
         return sum(len(w) for w in self._watchers.values())
 
@@ -108,8 +115,9 @@ class WakeHub:
         except ValueError:
             log.warning("ignoring malformed notification on %s", channel)
             return
-        for wake in self._watchers.get((channel, run_id, stream_id), ()):
-            wake.signal(first_seq, last_seq)
+        for key in ((channel, run_id, stream_id), (channel, _ANY, _ANY)):
+            for wake in self._watchers.get(key, ()):
+                wake.signal(first_seq, last_seq)
 
     def _wake_everyone(self) -> None:
         for watchers in self._watchers.values():

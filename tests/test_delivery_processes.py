@@ -1,0 +1,188 @@
+"""Real processes: two data-plane replicas, kill -9 of one mid-delivery, a Postgres restart."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections import Counter
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from tests.support import ALICE, pins
+from tests.waitservice import WaitService, first_occurrences
+from workflow_streams import API_PREFIX
+from workflow_streams.domain.delivery import event_id
+from workflow_streams.localpg import LocalPostgres, find_bindir, free_port
+from workflow_streams.store.migrate import apply_migrations
+
+pytestmark = pytest.mark.slow
+
+STREAMS = [f"in-{i}" for i in range(10)]
+PER_STREAM = 100
+
+
+class Replica:
+    """``workflow-streams serve`` as a separate OS process."""
+
+    def __init__(self, database_url: str, wait_url: str, log_path: Path) -> None:
+        self.port = free_port()
+        self.log_path = log_path
+        self._log = log_path.open("wb")
+        env = {
+            **os.environ,
+            "WFS_DATABASE_URL": database_url,
+            "WFS_PORT": str(self.port),
+            "WFS_TOKENS": json.dumps({"tok-alice": "alice"}),
+            "WFS_WAIT_SERVICE_URL": wait_url,
+            "WFS_WORKER_LEASE_SECONDS": "2",
+            "WFS_DELIVERY_TIMEOUT_SECONDS": "2",
+            "WFS_DELIVERY_BACKOFF_BASE_SECONDS": "0.05",
+            "WFS_PRUNE_INTERVAL_SECONDS": "0",
+        }
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "workflow_streams.cli", "serve"],
+            env=env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+        )
+        self.base = f"http://127.0.0.1:{self.port}"
+
+    async def ready(self, session: aiohttp.ClientSession) -> None:
+        for _ in range(200):
+            try:
+                async with session.get(f"{self.base}/readyz") as resp:
+                    if resp.status == 200:
+                        return
+            except aiohttp.ClientError:
+                pass
+            assert self.proc.poll() is None, self.log_path.read_text()
+            await asyncio.sleep(0.05)
+        raise AssertionError("replica never became ready")
+
+    def kill(self) -> None:
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+
+
+@pytest.fixture
+def own_pg() -> Iterator[LocalPostgres]:
+    bindir = find_bindir()
+    assert bindir is not None
+    cluster = LocalPostgres(bindir)
+    cluster.init()
+    cluster.start()
+    yield cluster
+    cluster.destroy()
+
+
+@pytest.fixture
+async def session() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession() as s:
+        yield s
+
+
+async def _setup_streams(session: aiohttp.ClientSession, base: str) -> None:
+    for stream in STREAMS:
+        body = {"stream_id": stream, "pins": pins(direction="input", content_class="user_input")}
+        async with session.post(f"{base}{API_PREFIX}/runs/run-1/streams", json=body, headers=ALICE) as resp:
+            assert resp.status == 201, await resp.text()
+
+
+async def _append_all(session: aiohttp.ClientSession, base: str) -> None:
+    async def one_stream(stream: str) -> None:
+        for start in range(1, PER_STREAM + 1, 10):
+            body = {"records": [{"data": {"n": n}} for n in range(start, start + 10)]}
+            url = f"{base}{API_PREFIX}/runs/run-1/streams/{stream}/records"
+            for _ in range(100):
+                headers = {**ALICE, "Idempotency-Key": f"{stream}-{start}"}
+                try:
+                    async with session.post(url, json=body, headers=headers) as resp:
+                        if resp.status in (200, 201):
+                            break
+                        assert resp.status == 503, await resp.text()
+                except aiohttp.ClientError:
+                    pass
+                await asyncio.sleep(0.1)
+
+    await asyncio.gather(*(one_stream(s) for s in STREAMS))
+
+
+def _assert_delivered_exactly(service: WaitService) -> None:
+    for stream in STREAMS:
+        sequences = service.sequences("run-1", stream)
+        assert first_occurrences(sequences) == list(range(1, PER_STREAM + 1)), f"{stream}: order or loss"
+        for event in service.events:
+            assert event["event_id"] == event_id(event["run_id"], event["stream_id"], event["sequence"])
+            assert event["record"]["data"] == {"n": event["sequence"]}
+    duplicates = sum(n - 1 for n in Counter(e["event_id"] for e in service.events).values())
+    print(f"{len(service.events)} deliveries, {duplicates} redeliveries (same event id)")
+
+
+async def test_kill_9_one_replica_mid_delivery(
+    own_pg: LocalPostgres, session: aiohttp.ClientSession, tmp_path: Path
+) -> None:
+    await apply_migrations(own_pg.dsn)
+
+    async def slow_accept(event: dict[str, Any], attempt: int) -> int:
+        await asyncio.sleep(0.005)
+        return 200
+
+    service = WaitService(slow_accept)
+    await service.start()
+    replicas = [Replica(own_pg.dsn, service.url, tmp_path / f"replica-{i}.log") for i in range(2)]
+    try:
+        for replica in replicas:
+            await replica.ready(session)
+        await _setup_streams(session, replicas[0].base)
+        await _append_all(session, replicas[1].base)
+        await service.wait_for(lambda: len(service.events) >= 300)
+        replicas[0].kill()
+        await service.wait_for(lambda: len(set(e["event_id"] for e in service.events)) == 1000, seconds=120)
+        _assert_delivered_exactly(service)
+    finally:
+        for replica in replicas:
+            replica.stop()
+        await service.stop()
+
+
+async def test_postgres_restart_during_delivery(
+    own_pg: LocalPostgres, session: aiohttp.ClientSession, tmp_path: Path
+) -> None:
+    await apply_migrations(own_pg.dsn)
+
+    async def slow_accept(event: dict[str, Any], attempt: int) -> int:
+        await asyncio.sleep(0.003)
+        return 200
+
+    service = WaitService(slow_accept)
+    await service.start()
+    replica = Replica(own_pg.dsn, service.url, tmp_path / "replica.log")
+    try:
+        await replica.ready(session)
+        await _setup_streams(session, replica.base)
+        await _append_all(session, replica.base)
+        await service.wait_for(lambda: len(service.events) >= 200)
+        await asyncio.to_thread(own_pg.restart, "immediate")
+        await service.wait_for(lambda: len(set(e["event_id"] for e in service.events)) == 1000, seconds=120)
+        _assert_delivered_exactly(service)
+    finally:
+        replica.stop()
+        await service.stop()
