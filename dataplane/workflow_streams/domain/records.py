@@ -19,7 +19,21 @@ _ALLOWED_FIELDS = frozenset({"content_type", "data", "data_base64"})
 @dataclass(frozen=True)
 class RecordIn:
     content_type: str
-    payload: bytes
+    # inline bytes, or None for an object record whose bytes live in S3
+    payload: bytes | None
+    object: dict[str, Any] | None = None
+
+    @property
+    def kind(self) -> str:
+        return "inline" if self.payload is not None else "object"
+
+    @property
+    def size(self) -> int:
+        """What the record costs in credit: inline bytes, or the object's size."""
+        if self.payload is not None:
+            return len(self.payload)
+        assert self.object is not None
+        return int(self.object["size"])
 
 
 def is_json(content_type: str) -> bool:
@@ -82,7 +96,8 @@ def request_digest(records: list[RecordIn]) -> str:
     """What an Idempotency-Key promises: the same records, byte for byte."""
     h = hashlib.sha256()
     for record in records:
-        for part in (record.content_type.encode(), record.payload):
+        body = record.payload if record.payload is not None else json.dumps(record.object, sort_keys=True).encode()
+        for part in (record.content_type.encode(), body):
             h.update(len(part).to_bytes(8, "big"))
             h.update(part)
     return h.hexdigest()
