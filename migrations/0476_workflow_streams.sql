@@ -102,6 +102,8 @@ CREATE TABLE wfs_object_intents (
     content_type     text        NOT NULL,
     schema_ref       text,
     authorization_receipt jsonb  NOT NULL,
+    -- the SHA-256 checksum S3 must report for the uploaded object (set by the upload)
+    s3_checksum      text,
     expires_at       timestamptz NOT NULL,
     committed_sequence bigint,
     created_at       timestamptz NOT NULL DEFAULT now(),

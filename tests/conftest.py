@@ -11,10 +11,12 @@ import asyncpg
 import pytest
 from aiohttp.test_utils import TestClient
 
+from tests.minio import ACCESS_KEY, SECRET_KEY, MinioServer, minio_binary
 from tests.support import TOKENS, StreamsApi
 from workflow_streams.api.app import create_app
 from workflow_streams.config import Settings
 from workflow_streams.localpg import LocalPostgres, find_bindir
+from workflow_streams.objectstore import RegionConfig
 from workflow_streams.store.migrate import apply_migrations
 
 TEMPLATE = "wfs_template"
@@ -89,3 +91,29 @@ async def db(database_url: str) -> AsyncIterator[asyncpg.Connection]:
     conn = await asyncpg.connect(database_url)
     yield conn
     await conn.close()
+
+
+@pytest.fixture(scope="session")
+def minio() -> Iterator[MinioServer]:
+    binary = minio_binary()
+    if binary is None:
+        pytest.fail("MinIO is not built: scripts/bootstrap builds it from its Go module")
+    server = MinioServer(binary)
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def s3_regions(minio: MinioServer) -> dict[str, RegionConfig]:
+    """A fresh Object Lock bucket per test for the pinned object region."""
+    bucket = f"wfs-{uuid.uuid4().hex[:12]}"
+    return {
+        "eu-west-1": RegionConfig(
+            endpoint_url=minio.endpoint,
+            bucket=bucket,
+            access_key_id=ACCESS_KEY,
+            secret_access_key=SECRET_KEY,
+            create_bucket=True,
+        )
+    }

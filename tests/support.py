@@ -197,3 +197,43 @@ class SseReader:
             assert event.event == "record", event
             out.append(int(event.id or 0))
         return out
+
+
+class ObjectsApi:
+    """The objects endpoints of one stream."""
+
+    def __init__(self, api: StreamsApi, run: str, stream: str) -> None:
+        self.api, self.run, self.stream = api, run, stream
+
+    def _url(self, tail: str) -> str:
+        return self.api.url(self.run, self.stream, f"/objects{tail}")
+
+    async def prepare(self, data: bytes, key: str, **extra: Any) -> ClientResponse:
+        import hashlib
+
+        body = {"idempotency_key": key, "sha256": hashlib.sha256(data).hexdigest(), "size": len(data), **extra}
+        return await self.api.client.post(self._url("/prepare"), json=body, headers=self.api.headers)
+
+    async def upload(self, intent_id: str, data: Any) -> ClientResponse:
+        import io
+
+        headers = {**self.api.headers, "Content-Type": "application/octet-stream"}
+        body = io.BytesIO(data) if isinstance(data, bytes) else data
+        return await self.api.client.put(self._url(f"/{intent_id}/upload"), data=body, headers=headers)
+
+    async def commit(self, intent_id: str) -> ClientResponse:
+        return await self.api.client.post(self._url(f"/{intent_id}/commit"), headers=self.api.headers)
+
+    async def abort(self, intent_id: str) -> ClientResponse:
+        return await self.api.client.post(self._url(f"/{intent_id}/abort"), headers=self.api.headers)
+
+    async def put(self, data: bytes, key: str) -> int:
+        """prepare + upload + commit; returns the record's sequence."""
+        prepared = await self.prepare(data, key)
+        assert prepared.status in (200, 201), await prepared.text()
+        intent = (await prepared.json())["intent_id"]
+        uploaded = await self.upload(intent, data)
+        assert uploaded.status == 200, await uploaded.text()
+        committed = await self.commit(intent)
+        assert committed.status in (200, 201), await committed.text()
+        return int((await committed.json())["sequence"])

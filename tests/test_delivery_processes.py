@@ -3,11 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
-import os
-import signal
-import subprocess
-import sys
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -16,11 +11,12 @@ from typing import Any
 import aiohttp
 import pytest
 
+from tests.replica import Replica
 from tests.support import ALICE, pins
 from tests.waitservice import WaitService, first_occurrences
 from workflow_streams import API_PREFIX
 from workflow_streams.domain.delivery import event_id
-from workflow_streams.localpg import LocalPostgres, find_bindir, free_port
+from workflow_streams.localpg import LocalPostgres, find_bindir
 from workflow_streams.store.migrate import apply_migrations
 
 pytestmark = pytest.mark.slow
@@ -29,57 +25,13 @@ STREAMS = [f"in-{i}" for i in range(10)]
 PER_STREAM = 100
 
 
-class Replica:
-    """``workflow-streams serve`` as a separate OS process."""
-
-    def __init__(self, database_url: str, wait_url: str, log_path: Path) -> None:
-        self.port = free_port()
-        self.log_path = log_path
-        self._log = log_path.open("wb")
-        env = {
-            **os.environ,
-            "WFS_DATABASE_URL": database_url,
-            "WFS_PORT": str(self.port),
-            "WFS_TOKENS": json.dumps({"tok-alice": "alice"}),
-            "WFS_WAIT_SERVICE_URL": wait_url,
-            "WFS_WORKER_LEASE_SECONDS": "2",
-            "WFS_DELIVERY_TIMEOUT_SECONDS": "2",
-            "WFS_DELIVERY_BACKOFF_BASE_SECONDS": "0.05",
-            "WFS_PRUNE_INTERVAL_SECONDS": "0",
-        }
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "workflow_streams.cli", "serve"],
-            env=env,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-        )
-        self.base = f"http://127.0.0.1:{self.port}"
-
-    async def ready(self, session: aiohttp.ClientSession) -> None:
-        for _ in range(200):
-            try:
-                async with session.get(f"{self.base}/readyz") as resp:
-                    if resp.status == 200:
-                        return
-            except aiohttp.ClientError:
-                pass
-            assert self.proc.poll() is None, self.log_path.read_text()
-            await asyncio.sleep(0.05)
-        raise AssertionError("replica never became ready")
-
-    def kill(self) -> None:
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait()
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self._log.close()
+def _dispatch_env(service: WaitService) -> dict[str, str]:
+    return {
+        "WFS_WAIT_SERVICE_URL": service.url,
+        "WFS_WORKER_LEASE_SECONDS": "2",
+        "WFS_DELIVERY_TIMEOUT_SECONDS": "2",
+        "WFS_DELIVERY_BACKOFF_BASE_SECONDS": "0.05",
+    }
 
 
 @pytest.fixture
@@ -147,7 +99,7 @@ async def test_kill_9_one_replica_mid_delivery(
 
     service = WaitService(slow_accept)
     await service.start()
-    replicas = [Replica(own_pg.dsn, service.url, tmp_path / f"replica-{i}.log") for i in range(2)]
+    replicas = [Replica(own_pg.dsn, tmp_path / f"replica-{i}.log", **_dispatch_env(service)) for i in range(2)]
     try:
         for replica in replicas:
             await replica.ready(session)
@@ -174,7 +126,7 @@ async def test_postgres_restart_during_delivery(
 
     service = WaitService(slow_accept)
     await service.start()
-    replica = Replica(own_pg.dsn, service.url, tmp_path / "replica.log")
+    replica = Replica(own_pg.dsn, tmp_path / "replica.log", **_dispatch_env(service))
     try:
         await replica.ready(session)
         await _setup_streams(session, replica.base)

@@ -9,6 +9,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .domain.authz import Principal
+from .objectstore import RegionConfig
+
+
+def parse_regions(text: str) -> dict[str, RegionConfig]:
+    """``{"eu-west-1": {"endpoint_url": ..., "bucket": ..., "access_key_id": ..., "secret_access_key": ...}}``"""
+    raw = json.loads(text)
+    return {region: RegionConfig(**value) for region, value in raw.items()}
 
 
 def parse_tokens(text: str) -> dict[str, Principal]:
@@ -46,6 +53,10 @@ class Settings:
     delivery_timeout_seconds: float = 5.0
     delivery_backoff_base_seconds: float = 0.5
     delivery_max_attempts: int = 25
+    # object store per object region (unset: the objects API answers 503)
+    s3_regions: Mapping[str, RegionConfig] = field(default_factory=dict)
+    # orphan expiry and deletion sweep interval (0 disables it in this process)
+    janitor_interval_seconds: float = 10.0
     # how the LISTEN connection names itself in pg_stat_activity
     listen_application_name: str = "wfs-listen"
 
@@ -72,6 +83,8 @@ class Settings:
             sse_heartbeat_seconds=float(env.get("WFS_SSE_HEARTBEAT_SECONDS", "15")),
             sse_max_connection_seconds=float(env.get("WFS_SSE_MAX_CONNECTION_SECONDS", "3600")),
             wait_service_url=env.get("WFS_WAIT_SERVICE_URL") or None,
+            s3_regions=parse_regions(env["WFS_S3_REGIONS"]) if env.get("WFS_S3_REGIONS") else {},
+            janitor_interval_seconds=float(env.get("WFS_JANITOR_INTERVAL_SECONDS", "10")),
             worker_lease_seconds=float(env.get("WFS_WORKER_LEASE_SECONDS", "15")),
             delivery_timeout_seconds=float(env.get("WFS_DELIVERY_TIMEOUT_SECONDS", "5")),
             delivery_backoff_base_seconds=float(env.get("WFS_DELIVERY_BACKOFF_BASE_SECONDS", "0.5")),

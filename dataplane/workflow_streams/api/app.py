@@ -12,11 +12,13 @@ from aiohttp import web
 
 from .. import API_PREFIX
 from ..config import Settings
+from ..objectstore import ObjectStore
 from ..store.db import create_pool
 from ..store.wakes import WakeHub
 from ..workers.dispatcher import Dispatcher, DispatchSettings
+from ..workers.objects import run_janitor
 from ..workers.pruner import run_pruner
-from . import streams, subscribe
+from . import objects, streams, subscribe
 from .auth import TokenAuthenticator
 from .problems import problem_middleware
 from .state import STATE, AppState
@@ -55,8 +57,14 @@ def create_app(settings: Settings) -> web.Application:
         pool = await create_pool(settings.database_url, settings.pool_min, settings.pool_max)
         hub = WakeHub(settings.database_url, application_name=settings.listen_application_name)
         await hub.start()
-        app[STATE] = AppState(settings, pool, hub, TokenAuthenticator(settings.tokens))
+        store = None
+        if settings.s3_regions:
+            store = ObjectStore(settings.s3_regions)
+            await store.open()
+        app[STATE] = AppState(settings, pool, hub, TokenAuthenticator(settings.tokens), store)
         tasks = []
+        if store is not None and settings.janitor_interval_seconds > 0:
+            tasks.append(asyncio.create_task(run_janitor(pool, store, settings.janitor_interval_seconds)))
         if settings.prune_interval_seconds > 0:
             tasks.append(asyncio.create_task(run_pruner(pool, settings.prune_interval_seconds)))
         if settings.wait_service_url:
@@ -68,11 +76,14 @@ def create_app(settings: Settings) -> web.Application:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         await hub.stop()
+        if store is not None:
+            await store.close()
         await pool.close()
 
     api = web.Application()
     api.add_routes(streams.routes)
     api.add_routes(subscribe.routes)
+    api.add_routes(objects.routes)
     open_streams: weakref.WeakSet[asyncio.Task[object]] = weakref.WeakSet()
     app[subscribe.OPEN_STREAMS] = open_streams
     app.on_shutdown.append(subscribe.close_open_streams)

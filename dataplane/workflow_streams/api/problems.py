@@ -35,6 +35,11 @@ STATUS: dict[type[errors.StreamError], int] = {
     errors.ForbiddenContentClass: 422,
     errors.BatchExceedsCredit: 422,
     errors.Backpressure: 429,
+    errors.ObjectMismatch: 422,
+    errors.ObjectEvidenceMismatch: 409,
+    errors.IntentState: 409,
+    errors.IntentExpired: 409,
+    errors.ObjectRegionUnavailable: 503,
 }
 
 _HTTP_CODES = {

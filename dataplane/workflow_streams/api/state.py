@@ -9,6 +9,7 @@ from aiohttp import web
 
 from ..config import Settings
 from ..domain.authz import Principal
+from ..objectstore import ObjectStore
 from ..store.wakes import WakeHub
 from .auth import TokenAuthenticator
 
@@ -19,6 +20,7 @@ class AppState:
     pool: asyncpg.Pool
     hub: WakeHub
     authenticator: TokenAuthenticator
+    objects: ObjectStore | None = None
 
 
 STATE = web.AppKey("workflow_streams_state", AppState)

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import json
-from typing import Any
-
 from aiohttp import web
 
 from ..domain.authz import may_see, require
@@ -14,46 +11,14 @@ from ..domain.ids import check_id
 from ..domain.pins import parse_pins
 from ..domain.records import parse_append_body
 from ..store import appends, consumers, definitions, deliveries, reads
+from .common import STREAM, json_object, json_response, read_json, stream_key
+from .objects import sync_legal_hold
 from .state import principal_of, state_of
 
 routes = web.RouteTableDef()
 
-STREAM = "/runs/{run_id}/streams/{stream_id}"
 DEFAULT_LIMIT = 100
 MAX_LIMIT = 1000
-
-
-def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
-    return web.Response(status=status, body=json.dumps(body), content_type="application/json", headers=headers)
-
-
-async def read_json(request: web.Request) -> Any:
-    if request.content_type != "application/json":
-        raise InvalidInput("the request body must be application/json", field="Content-Type")
-    text = await request.text()
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise InvalidInput(f"malformed JSON: {exc.msg} at position {exc.pos}", field="/") from None
-
-
-def _object(body: Any, allowed: set[str], required: set[str]) -> dict[str, Any]:
-    if not isinstance(body, dict):
-        raise InvalidInput("the request body must be a JSON object", field="/")
-    unknown = set(body) - allowed
-    if unknown:
-        raise InvalidInput(f"unknown field(s): {', '.join(sorted(unknown))}", field=min(unknown))
-    missing = required - set(body)
-    if missing:
-        raise InvalidInput(f"missing field(s): {', '.join(sorted(missing))}", field=min(missing))
-    return body
-
-
-def stream_key(request: web.Request) -> tuple[str, str]:
-    return (
-        check_id("run_id", request.match_info["run_id"]),
-        check_id("stream_id", request.match_info["stream_id"]),
-    )
 
 
 def _limit(request: web.Request) -> int:
@@ -77,7 +42,7 @@ async def create_stream(request: web.Request) -> web.Response:
     app = state_of(request)
     principal = principal_of(request)
     run_id = check_id("run_id", request.match_info["run_id"])
-    body = _object(await read_json(request), {"stream_id", "pins"}, {"stream_id", "pins"})
+    body = json_object(await read_json(request), {"stream_id", "pins"}, {"stream_id", "pins"})
     if not isinstance(body["stream_id"], str):
         raise InvalidInput("stream_id must be a string", field="stream_id")
     stream_id = check_id("stream_id", body["stream_id"])
@@ -138,7 +103,7 @@ async def ack(request: web.Request) -> web.Response:
     principal = principal_of(request)
     run_id, stream_id = stream_key(request)
     consumer_id = check_id("consumer_id", request.match_info["consumer_id"])
-    body = _object(await read_json(request), {"sequence"}, {"sequence"})
+    body = json_object(await read_json(request), {"sequence"}, {"sequence"})
     sequence = body["sequence"]
     if type(sequence) is not int or not 0 <= sequence < 2**63:
         raise InvalidInput("sequence must be a non-negative integer", field="sequence")
@@ -162,7 +127,7 @@ async def legal_hold(request: web.Request) -> web.Response:
     app = state_of(request)
     principal = principal_of(request)
     run_id, stream_id = stream_key(request)
-    body = _object(await read_json(request), {"enabled", "reason", "hold_id"}, {"enabled"})
+    body = json_object(await read_json(request), {"enabled", "reason", "hold_id"}, {"enabled"})
     enabled, reason, hold_id = body["enabled"], body.get("reason", ""), body.get("hold_id", "default")
     if not isinstance(enabled, bool):
         raise InvalidInput("enabled must be a boolean", field="enabled")
@@ -173,6 +138,8 @@ async def legal_hold(request: web.Request) -> web.Response:
     check_id("hold_id", hold_id)
     async with app.pool.acquire() as conn:
         state = await definitions.set_legal_hold(conn, run_id, stream_id, hold_id, enabled, reason, principal)
+    # Postgres first: the pruner and the deletion worker stop at once; S3 Object Lock follows
+    await sync_legal_hold(app, run_id, stream_id, bool(state.holds))
     return json_response(state.to_json())
 
 

@@ -21,8 +21,8 @@ from ..domain.cursor import parse_cursor
 from ..domain.errors import InvalidInput, StreamError
 from ..store import gaps, reads, wakes
 from ..store.db import DB_UNAVAILABLE
+from .common import STREAM, stream_key
 from .state import STREAMING, principal_of, state_of
-from .streams import STREAM, stream_key
 
 log = logging.getLogger(__name__)
 

@@ -17,14 +17,20 @@ class Principal:
     groups: frozenset[str] = field(default_factory=frozenset)
 
 
+def matching_subject(authorization: Authorization, principal: Principal, action: Action) -> str | None:
+    """The pinned subject that grants ``action`` to ``principal``, if any: the reason for a decision."""
+    for subject in getattr(authorization, action):
+        if (
+            subject == "*"
+            or subject == principal.name
+            or (subject.startswith("group:") and subject[len("group:") :] in principal.groups)
+        ):
+            return str(subject)
+    return None
+
+
 def may(authorization: Authorization, principal: Principal, action: Action) -> bool:
-    subjects = getattr(authorization, action)
-    return any(
-        subject == "*"
-        or subject == principal.name
-        or (subject.startswith("group:") and subject[len("group:") :] in principal.groups)
-        for subject in subjects
-    )
+    return matching_subject(authorization, principal, action) is not None
 
 
 def may_see(authorization: Authorization, principal: Principal) -> bool:

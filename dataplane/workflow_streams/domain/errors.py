@@ -96,3 +96,27 @@ class FutureAck(StreamError):
 
 class ConsumerScopeMismatch(StreamError):
     code = "consumer_scope_mismatch"
+
+
+class ObjectMismatch(StreamError):
+    """The uploaded bytes are not what was prepared (size or digest)."""
+
+    code = "object_mismatch"
+
+
+class ObjectEvidenceMismatch(StreamError):
+    """What S3 reports for the object disagrees with the intent: nothing is made visible."""
+
+    code = "object_evidence_mismatch"
+
+
+class IntentState(StreamError):
+    code = "intent_state"
+
+
+class IntentExpired(StreamError):
+    code = "intent_expired"
+
+
+class ObjectRegionUnavailable(StreamError):
+    code = "object_region_unavailable"

@@ -1,0 +1,142 @@
+"""Large objects: prepare -> upload -> commit (or abort). Bytes go to S3; records carry metadata."""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import uuid
+
+from aiohttp import web
+
+from ..domain.errors import InvalidInput, NotFound, ObjectRegionUnavailable
+from ..domain.objects import parse_prepare
+from ..objectstore import ObjectStore
+from ..store import objects, retention
+from ..store.appends import AppendResult, with_credit_wait
+from .common import STREAM, json_response, read_json, stream_key
+from .state import AppState, principal_of, state_of
+
+log = logging.getLogger(__name__)
+
+routes = web.RouteTableDef()
+INTENT = STREAM + "/objects/{intent_id}"
+CHUNK = 64 * 1024
+
+
+def _store(app: AppState) -> ObjectStore:
+    if app.objects is None:
+        raise ObjectRegionUnavailable("this data plane has no object store configured")
+    return app.objects
+
+
+def _intent_id(request: web.Request) -> str:
+    text = request.match_info["intent_id"]
+    try:
+        return str(uuid.UUID(text))
+    except ValueError:
+        raise NotFound("no such object intent") from None
+
+
+@routes.post(STREAM + "/objects/prepare")
+async def prepare(request: web.Request) -> web.Response:
+    app = state_of(request)
+    principal = principal_of(request)
+    run_id, stream_id = stream_key(request)
+    pins = parse_prepare(await read_json(request))
+    store = _store(app)
+    async with app.pool.acquire() as conn:
+        row, created = await objects.prepare(conn, run_id, stream_id, pins, principal, store.bucket)
+    body = objects.intent_json(row)
+    body["upload_url"] = str(
+        request.app.router["upload_object"].url_for(run_id=run_id, stream_id=stream_id, intent_id=body["intent_id"])
+    )
+    return json_response(body, status=201 if created else 200)
+
+
+@routes.get(INTENT)
+async def get(request: web.Request) -> web.Response:
+    app = state_of(request)
+    principal = principal_of(request)
+    run_id, stream_id = stream_key(request)
+    async with app.pool.acquire() as conn:
+        row = await objects.get_intent(conn, run_id, stream_id, _intent_id(request), principal)
+    return json_response(objects.intent_json(row))
+
+
+@routes.put(INTENT + "/upload", name="upload_object")
+async def upload(request: web.Request) -> web.Response:
+    """Streams the body to S3 in parts; size and sha256 are verified before anything becomes visible."""
+    app = state_of(request)
+    principal = principal_of(request)
+    run_id, stream_id = stream_key(request)
+    intent_id = _intent_id(request)
+    store = _store(app)
+    async with app.pool.acquire() as conn:
+        row = await objects.get_intent(conn, run_id, stream_id, intent_id, principal)
+        objects.check_uploadable(row, dt.datetime.now(dt.UTC))
+        held = await retention.is_held(conn, run_id, stream_id)
+    if request.content_length is not None and request.content_length != row["size_bytes"]:
+        raise InvalidInput(
+            f"Content-Length {request.content_length} differs from the prepared size {row['size_bytes']}",
+            field="Content-Length",
+        )
+    checksum = await store.upload(
+        row["region"], row["object_key"], request.content.iter_chunked(CHUNK), row["size_bytes"], row["sha256"], held
+    )
+    async with app.pool.acquire() as conn:
+        await objects.mark_uploaded(conn, intent_id, checksum)
+        row = await objects.get_intent(conn, run_id, stream_id, intent_id, principal)
+    return json_response(objects.intent_json(row))
+
+
+@routes.post(INTENT + "/commit")
+async def commit(request: web.Request) -> web.Response:
+    app = state_of(request)
+    principal = principal_of(request)
+    run_id, stream_id = stream_key(request)
+    intent_id = _intent_id(request)
+    store = _store(app)
+    async with app.pool.acquire() as conn:
+        row = await objects.get_intent(conn, run_id, stream_id, intent_id, principal)
+    evidence = await store.evidence(row["region"], row["object_key"])
+
+    async def attempt() -> AppendResult:
+        async with app.pool.acquire() as conn:
+            return await objects.commit(
+                conn,
+                run_id,
+                stream_id,
+                intent_id,
+                principal,
+                evidence.size if evidence else None,
+                evidence.checksum if evidence else None,
+            )
+
+    result = await with_credit_wait(app.hub, run_id, stream_id, attempt)
+    async with app.pool.acquire() as conn:
+        held = await retention.is_held(conn, run_id, stream_id)
+    if held:  # a hold placed while the upload was in flight still covers this object
+        await store.set_legal_hold(row["region"], row["object_key"], True)
+    return json_response(
+        {"intent_id": intent_id, "sequence": result.first_sequence}, status=200 if result.replayed else 201
+    )
+
+
+@routes.post(INTENT + "/abort")
+async def abort(request: web.Request) -> web.Response:
+    app = state_of(request)
+    principal = principal_of(request)
+    run_id, stream_id = stream_key(request)
+    async with app.pool.acquire() as conn:
+        state = await objects.abort(conn, run_id, stream_id, _intent_id(request), principal)
+    return json_response({"intent_id": _intent_id(request), "state": state})
+
+
+async def sync_legal_hold(app: AppState, run_id: str, stream_id: str, held: bool) -> None:
+    """Mirror the stream's hold onto S3 Object Lock legal holds of all its objects."""
+    if app.objects is None:
+        return
+    async with app.pool.acquire() as conn:
+        keys = await objects.stream_objects(conn, run_id, stream_id)
+    for region, key in keys:
+        await app.objects.set_legal_hold(region, key, held)

@@ -1,0 +1,298 @@
+"""Object intents (prepare -> upload -> commit, or abort / expiry) and the deletion outbox."""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from typing import Any
+
+import asyncpg
+
+from ..domain.authz import Principal, matching_subject, require
+from ..domain.errors import (
+    IdempotencyKeyReused,
+    IntentExpired,
+    IntentState,
+    NotFound,
+    ObjectEvidenceMismatch,
+    StreamClosed,
+)
+from ..domain.objects import ObjectPins, can_move, choose_region, object_json, object_key
+from ..domain.records import RecordIn
+from .appends import AppendResult, append_locked
+from .definitions import lock_stream, pins_of
+
+
+def intent_json(row: asyncpg.Record) -> dict[str, Any]:
+    return {
+        "intent_id": str(row["intent_id"]),
+        "state": row["state"],
+        "run_id": row["run_id"],
+        "stream_id": row["stream_id"],
+        "idempotency_key": row["idempotency_key"],
+        "region": row["region"],
+        "bucket": row["bucket"],
+        "object_key": row["object_key"],
+        "sha256": row["sha256"],
+        "size": row["size_bytes"],
+        "content_type": row["content_type"],
+        "schema_ref": row["schema_ref"],
+        "authorization_receipt": row["authorization_receipt"],
+        "expires_at": row["expires_at"].isoformat(),
+        "committed_sequence": row["committed_sequence"],
+    }
+
+
+async def prepare(
+    conn: asyncpg.Connection,
+    run_id: str,
+    stream_id: str,
+    pins: ObjectPins,
+    principal: Principal,
+    bucket_of: Any,
+) -> tuple[asyncpg.Record, bool]:
+    """Create the intent, or return the one this idempotency key already made. True if created."""
+    async with conn.transaction():
+        stream = await conn.fetchrow(
+            "SELECT pins_digest, pins, closed_at FROM wfs_streams WHERE run_id = $1 AND stream_id = $2",
+            run_id,
+            stream_id,
+        )
+        if stream is None:
+            raise NotFound("no such stream")
+        stream_pins = pins_of(stream)
+        require(stream_pins.authorization, principal, "append")
+        if stream["closed_at"] is not None:
+            raise StreamClosed("the stream is closed; appends are rejected")
+        region = choose_region(pins.region, stream_pins.placement.object_regions)
+        intent_id = uuid.uuid4()
+        receipt = {
+            "principal": principal.name,
+            "groups": sorted(principal.groups),
+            "action": "append",
+            "granted_by": f"authorization.append: {matching_subject(stream_pins.authorization, principal, 'append')}",
+            "decided_at": dt.datetime.now(dt.UTC).isoformat(),
+            "pins_digest": stream["pins_digest"],
+        }
+        row = await conn.fetchrow(
+            """INSERT INTO wfs_object_intents
+               (intent_id, run_id, stream_id, idempotency_key, state, region, bucket, object_key, sha256,
+                size_bytes, content_type, schema_ref, authorization_receipt, expires_at)
+               VALUES ($1, $2, $3, $4, 'prepared', $5, $6, $7, $8, $9, $10, $11, $12,
+                       now() + $13::interval)
+               ON CONFLICT (run_id, stream_id, idempotency_key) DO NOTHING
+               RETURNING *""",
+            intent_id,
+            run_id,
+            stream_id,
+            pins.idempotency_key,
+            region,
+            bucket_of(region),
+            object_key(run_id, stream_id, str(intent_id)),
+            pins.sha256,
+            pins.size,
+            pins.content_type,
+            pins.schema_ref,
+            receipt,
+            dt.timedelta(seconds=pins.expires_in_seconds),
+        )
+        if row is not None:
+            return row, True
+        existing = await conn.fetchrow(
+            """SELECT * FROM wfs_object_intents
+               WHERE run_id = $1 AND stream_id = $2 AND idempotency_key = $3""",
+            run_id,
+            stream_id,
+            pins.idempotency_key,
+        )
+        if not pins.same_as(existing):
+            raise IdempotencyKeyReused("this idempotency key prepared a different object")
+        return existing, False
+
+
+async def get_intent(
+    conn: asyncpg.Connection, run_id: str, stream_id: str, intent_id: str, principal: Principal
+) -> asyncpg.Record:
+    row = await conn.fetchrow(
+        """SELECT i.*, s.pins, s.pins_digest FROM wfs_object_intents i
+           JOIN wfs_streams s USING (run_id, stream_id)
+           WHERE i.intent_id = $1 AND i.run_id = $2 AND i.stream_id = $3""",
+        uuid.UUID(intent_id),
+        run_id,
+        stream_id,
+    )
+    if row is None:
+        raise NotFound("no such object intent")
+    require(pins_of(row).authorization, principal, "append")
+    return row
+
+
+def check_uploadable(row: asyncpg.Record, now: dt.datetime) -> None:
+    if row["state"] not in ("prepared", "uploaded"):
+        raise IntentState(f"the intent is {row['state']}; it takes no upload", state=row["state"])
+    if row["expires_at"] <= now:
+        raise IntentExpired("the intent expired; prepare again", expires_at=row["expires_at"].isoformat())
+
+
+async def mark_uploaded(conn: asyncpg.Connection, intent_id: str, checksum: str) -> None:
+    await conn.execute(
+        """UPDATE wfs_object_intents SET state = 'uploaded', s3_checksum = $2, updated_at = now()
+           WHERE intent_id = $1 AND state IN ('prepared', 'uploaded')""",
+        uuid.UUID(intent_id),
+        checksum,
+    )
+
+
+async def commit(
+    conn: asyncpg.Connection,
+    run_id: str,
+    stream_id: str,
+    intent_id: str,
+    principal: Principal,
+    evidence_size: int | None,
+    evidence_checksum: str | None,
+) -> AppendResult:
+    """Append the object record if S3's evidence agrees with the intent. A duplicate commit returns the
+    original sequence."""
+    async with conn.transaction():
+        stream = await lock_stream(conn, run_id, stream_id)
+        require(pins_of(stream).authorization, principal, "append")
+        intent = await conn.fetchrow(
+            "SELECT * FROM wfs_object_intents WHERE intent_id = $1 AND run_id = $2 AND stream_id = $3 FOR UPDATE",
+            uuid.UUID(intent_id),
+            run_id,
+            stream_id,
+        )
+        if intent is None:
+            raise NotFound("no such object intent")
+        if intent["state"] == "committed":
+            return AppendResult(intent["committed_sequence"], intent["committed_sequence"], replayed=True)
+        if not can_move(intent["state"], "committed"):
+            raise IntentState(f"the intent is {intent['state']}; upload before commit", state=intent["state"])
+        if intent["expires_at"] <= await conn.fetchval("SELECT now()"):
+            raise IntentExpired("the intent expired before commit; prepare again")
+        if (evidence_size, evidence_checksum) != (intent["size_bytes"], intent["s3_checksum"]):
+            raise ObjectEvidenceMismatch(
+                "the object in S3 does not match the intent; nothing was appended",
+                expected={"size": intent["size_bytes"], "checksum": intent["s3_checksum"]},
+                found={"size": evidence_size, "checksum": evidence_checksum},
+            )
+        meta = object_json(
+            intent["region"],
+            intent["bucket"],
+            intent["object_key"],
+            intent["size_bytes"],
+            intent["sha256"],
+            intent["content_type"],
+            str(intent["intent_id"]),
+        )
+        result = await append_locked(conn, stream, [RecordIn(intent["content_type"], None, meta)], principal)
+        await conn.execute(
+            """UPDATE wfs_object_intents SET state = 'committed', committed_sequence = $2, updated_at = now()
+               WHERE intent_id = $1""",
+            intent["intent_id"],
+            result.first_sequence,
+        )
+        return result
+
+
+async def abort(conn: asyncpg.Connection, run_id: str, stream_id: str, intent_id: str, principal: Principal) -> str:
+    """Abort an uncommitted intent; its object goes to the deletion outbox. Returns the final state."""
+    async with conn.transaction():
+        row = await get_intent(conn, run_id, stream_id, intent_id, principal)
+        locked = await conn.fetchrow(
+            "SELECT state FROM wfs_object_intents WHERE intent_id = $1 FOR UPDATE", row["intent_id"]
+        )
+        if locked["state"] == "aborted":
+            return "aborted"
+        if not can_move(locked["state"], "aborted"):
+            raise IntentState(f"the intent is {locked['state']}; it cannot be aborted", state=locked["state"])
+        await conn.execute(
+            "UPDATE wfs_object_intents SET state = 'aborted', updated_at = now() WHERE intent_id = $1",
+            row["intent_id"],
+        )
+        await _outbox(conn, run_id, stream_id, row["region"], row["bucket"], row["object_key"], "abort")
+        return "aborted"
+
+
+async def _outbox(
+    conn: asyncpg.Connection, run_id: str, stream_id: str, region: str, bucket: str, key: str, reason: str
+) -> None:
+    await conn.execute(
+        """INSERT INTO wfs_deletion_outbox (run_id, stream_id, region, bucket, object_key, reason)
+           VALUES ($1, $2, $3, $4, $5, $6)""",
+        run_id,
+        stream_id,
+        region,
+        bucket,
+        key,
+        reason,
+    )
+
+
+async def expire_orphans(conn: asyncpg.Connection, limit: int = 100) -> int:
+    """Uncommitted intents past their expiry: mark expired and queue their objects for deletion.
+    SKIP LOCKED lets every replica run this without waiting on another."""
+    return int(
+        await conn.fetchval(
+            """WITH expired AS (
+                   UPDATE wfs_object_intents SET state = 'expired', updated_at = now()
+                   WHERE intent_id IN (
+                       SELECT intent_id FROM wfs_object_intents
+                       WHERE state IN ('prepared', 'uploaded') AND expires_at < now()
+                       ORDER BY expires_at LIMIT $1 FOR UPDATE SKIP LOCKED)
+                   RETURNING run_id, stream_id, region, bucket, object_key),
+               queued AS (
+                   INSERT INTO wfs_deletion_outbox (run_id, stream_id, region, bucket, object_key, reason)
+                   SELECT run_id, stream_id, region, bucket, object_key, 'expired' FROM expired
+                   RETURNING 1)
+               SELECT count(*) FROM queued""",
+            limit,
+        )
+    )
+
+
+async def claim_deletions(conn: asyncpg.Connection, lease: dt.timedelta, limit: int = 50) -> list[asyncpg.Record]:
+    """Take due deletions of streams with no active legal hold; the claim is a lease on next_attempt_at."""
+    return list(
+        await conn.fetch(
+            """UPDATE wfs_deletion_outbox SET attempts = attempts + 1, next_attempt_at = now() + $1::interval
+               WHERE id IN (
+                   SELECT o.id FROM wfs_deletion_outbox o
+                   WHERE o.deleted_at IS NULL AND o.next_attempt_at <= now()
+                     AND NOT EXISTS (SELECT 1 FROM wfs_legal_holds h
+                                     WHERE h.run_id = o.run_id AND h.stream_id = o.stream_id
+                                       AND h.released_at IS NULL)
+                   ORDER BY o.id LIMIT $2 FOR UPDATE SKIP LOCKED)
+               RETURNING id, run_id, stream_id, region, bucket, object_key, attempts""",
+            lease,
+            limit,
+        )
+    )
+
+
+async def mark_deleted(conn: asyncpg.Connection, outbox_id: int) -> None:
+    await conn.execute("UPDATE wfs_deletion_outbox SET deleted_at = now(), last_error = NULL WHERE id = $1", outbox_id)
+
+
+async def mark_deletion_failed(conn: asyncpg.Connection, outbox_id: int, delay: dt.timedelta, error: str) -> None:
+    await conn.execute(
+        "UPDATE wfs_deletion_outbox SET next_attempt_at = now() + $2::interval, last_error = $3 WHERE id = $1",
+        outbox_id,
+        delay,
+        error[:2000],
+    )
+
+
+async def stream_objects(conn: asyncpg.Connection, run_id: str, stream_id: str) -> list[tuple[str, str]]:
+    """Every object of the stream that may still exist in S3: (region, key)."""
+    rows = await conn.fetch(
+        """SELECT region, object_key FROM wfs_object_intents
+           WHERE run_id = $1 AND stream_id = $2 AND state IN ('uploaded', 'committed')
+           UNION
+           SELECT region, object_key FROM wfs_deletion_outbox
+           WHERE run_id = $1 AND stream_id = $2 AND deleted_at IS NULL""",
+        run_id,
+        stream_id,
+    )
+    return [(r["region"], r["object_key"]) for r in rows]
