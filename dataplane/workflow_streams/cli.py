@@ -65,8 +65,14 @@ def cmd_dev(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_operator(_args: argparse.Namespace) -> int:
+    from workflow_streams_operator import handlers
+
+    handlers.run()
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     parser = argparse.ArgumentParser(prog="workflow-streams", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     dev = sub.add_parser("dev", help="throwaway local Postgres + migrations + server on 127.0.0.1:8080")
@@ -75,7 +81,10 @@ def main(argv: list[str] | None = None) -> int:
     dev.set_defaults(func=cmd_dev)
     sub.add_parser("serve", help="serve the data plane, configured from WFS_* env").set_defaults(func=cmd_serve)
     sub.add_parser("migrate", help="apply pending migrations to WFS_DATABASE_URL").set_defaults(func=cmd_migrate)
+    sub.add_parser("operator", help="run the Kopf operator (KUBECONFIG or in-cluster)").set_defaults(func=cmd_operator)
     args = parser.parse_args(argv)
+    if args.command != "operator":  # Kopf configures its own logging
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     return int(args.func(args))
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import hashlib
+import json
 import logging
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
@@ -163,6 +164,23 @@ class ObjectStore:
                 VersionId=version,
                 LegalHold={"Status": "ON" if on else "OFF"},
             )
+
+    async def bucket_policy(self, region: str) -> dict[str, Any]:
+        try:
+            response = await self.client(region).get_bucket_policy(Bucket=self.bucket(region))
+        except ClientError as exc:
+            if exc.response["Error"]["Code"] in ("NoSuchBucketPolicy", "NoSuchPolicy"):
+                return {"Version": "2012-10-17", "Statement": []}
+            raise
+        policy: dict[str, Any] = json.loads(response["Policy"])
+        return policy
+
+    async def put_bucket_policy(self, region: str, policy: dict[str, Any]) -> None:
+        client = self.client(region)
+        if policy["Statement"]:
+            await client.put_bucket_policy(Bucket=self.bucket(region), Policy=json.dumps(policy))
+        else:
+            await client.delete_bucket_policy(Bucket=self.bucket(region))
 
     async def get(self, region: str, key: str) -> Any:
         """The object's streaming body (for downloads)."""

@@ -130,13 +130,3 @@ async def abort(request: web.Request) -> web.Response:
     async with app.pool.acquire() as conn:
         state = await objects.abort(conn, run_id, stream_id, _intent_id(request), principal)
     return json_response({"intent_id": _intent_id(request), "state": state})
-
-
-async def sync_legal_hold(app: AppState, run_id: str, stream_id: str, held: bool) -> None:
-    """Mirror the stream's hold onto S3 Object Lock legal holds of all its objects."""
-    if app.objects is None:
-        return
-    async with app.pool.acquire() as conn:
-        keys = await objects.stream_objects(conn, run_id, stream_id)
-    for region, key in keys:
-        await app.objects.set_legal_hold(region, key, held)

@@ -40,6 +40,7 @@ STATUS: dict[type[errors.StreamError], int] = {
     errors.IntentState: 409,
     errors.IntentExpired: 409,
     errors.ObjectRegionUnavailable: 503,
+    errors.StreamHeld: 409,
 }
 
 _HTTP_CODES = {

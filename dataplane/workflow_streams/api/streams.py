@@ -10,9 +10,9 @@ from ..domain.errors import Forbidden, InvalidInput
 from ..domain.ids import check_id
 from ..domain.pins import parse_pins
 from ..domain.records import parse_append_body
+from ..holds import apply_legal_hold
 from ..store import appends, consumers, definitions, deliveries, reads
 from .common import STREAM, json_object, json_response, read_json, stream_key
-from .objects import sync_legal_hold
 from .state import principal_of, state_of
 
 routes = web.RouteTableDef()
@@ -48,7 +48,9 @@ async def create_stream(request: web.Request) -> web.Response:
     stream_id = check_id("stream_id", body["stream_id"])
     pins = parse_pins(body["pins"])
     async with app.pool.acquire() as conn:
-        definition, created = await definitions.create_definition(conn, run_id, stream_id, pins, principal)
+        definition, created = await definitions.create_definition(conn, run_id, stream_id, pins, principal.name)
+    if not created and not may_see(definition.pins.authorization, principal):
+        raise Forbidden("a stream with this id exists and the principal has no right on it")
     location = f"{request.app.router['get_stream'].url_for(run_id=run_id, stream_id=stream_id)}"
     return json_response(definition.to_json(), status=201 if created else 200, headers={"Location": location})
 
@@ -137,9 +139,9 @@ async def legal_hold(request: web.Request) -> web.Response:
         raise InvalidInput("hold_id must be a string", field="hold_id")
     check_id("hold_id", hold_id)
     async with app.pool.acquire() as conn:
-        state = await definitions.set_legal_hold(conn, run_id, stream_id, hold_id, enabled, reason, principal)
-    # Postgres first: the pruner and the deletion worker stop at once; S3 Object Lock follows
-    await sync_legal_hold(app, run_id, stream_id, bool(state.holds))
+        definition, _ = await definitions.get_stream(conn, run_id, stream_id)
+    require(definition.pins.authorization, principal, "legal_hold")
+    state = await apply_legal_hold(app.pool, app.objects, run_id, stream_id, hold_id, enabled, reason, principal.name)
     return json_response(state.to_json())
 
 

@@ -120,3 +120,9 @@ class IntentExpired(StreamError):
 
 class ObjectRegionUnavailable(StreamError):
     code = "object_region_unavailable"
+
+
+class StreamHeld(StreamError):
+    """A legal hold stops deletion."""
+
+    code = "stream_held"

@@ -8,8 +8,8 @@ from typing import Any
 
 import asyncpg
 
-from ..domain.authz import Principal, may_see, require
-from ..domain.errors import Forbidden, NotFound, PinsConflict
+from ..domain.authz import Principal, require
+from ..domain.errors import NotFound, PinsConflict, StreamHeld
 from ..domain.pins import StreamPins
 
 
@@ -82,9 +82,10 @@ def _definition(row: asyncpg.Record) -> Definition:
 
 
 async def create_definition(
-    conn: asyncpg.Connection, run_id: str, stream_id: str, pins: StreamPins, principal: Principal
+    conn: asyncpg.Connection, run_id: str, stream_id: str, pins: StreamPins, creator: str
 ) -> tuple[Definition, bool]:
-    """Create a definition, or return the existing one if its pins are the same. True if created."""
+    """Create a definition, or return the existing one if its pins are the same. True if created.
+    Callers decide who may see an existing definition."""
     digest = pins.digest()
     row = await conn.fetchrow(
         """INSERT INTO wfs_streams (run_id, stream_id, pins, pins_digest, created_by)
@@ -95,7 +96,7 @@ async def create_definition(
         stream_id,
         pins.canonical(),
         digest,
-        principal.name,
+        creator,
     )
     if row is not None:
         return _definition(row), True
@@ -103,8 +104,6 @@ async def create_definition(
     if existing is None:  # deleted between the two statements; the caller may retry
         raise PinsConflict("the stream was deleted while being created; retry")
     definition = _definition(existing)
-    if not may_see(definition.pins.authorization, principal):
-        raise Forbidden("a stream with this id exists and the principal has no right on it")
     if existing["pins_digest"] != digest:
         raise PinsConflict(
             "a stream with this id exists with different pins; pins are immutable",
@@ -172,24 +171,25 @@ async def set_legal_hold(
     hold_id: str,
     enabled: bool,
     reason: str,
-    principal: Principal,
+    actor: str,
 ) -> StreamState:
-    """Place or release one hold. Holds stack; the stream is held while any is active."""
+    """Place or release one hold, recording who and when. Holds stack; the stream is held while any is
+    active. Callers authorize ``actor`` (the HTTP layer by the pins, the operator by Kubernetes RBAC)."""
     async with conn.transaction():
         row = await lock_stream(conn, run_id, stream_id)
-        require(pins_of(row).authorization, principal, "legal_hold")
         if enabled:
             await conn.execute(
                 """INSERT INTO wfs_legal_holds (run_id, stream_id, hold_id, reason, held_by)
                    VALUES ($1, $2, $3, $4, $5)
                    ON CONFLICT (run_id, stream_id, hold_id) DO UPDATE
                    SET reason = excluded.reason, held_by = excluded.held_by, held_at = now(),
-                       released_by = NULL, released_at = NULL""",
+                       released_by = NULL, released_at = NULL
+                   WHERE wfs_legal_holds.released_at IS NOT NULL OR wfs_legal_holds.reason <> excluded.reason""",
                 run_id,
                 stream_id,
                 hold_id,
                 reason,
-                principal.name,
+                actor,
             )
         else:
             await conn.execute(
@@ -198,6 +198,37 @@ async def set_legal_hold(
                 run_id,
                 stream_id,
                 hold_id,
-                principal.name,
+                actor,
             )
         return await _state(conn, row)
+
+
+async def delete_stream(conn: asyncpg.Connection, run_id: str, stream_id: str) -> list[tuple[str, str, str]]:
+    """Close and delete a stream; its objects go to the deletion outbox (which outlives the stream).
+    Refused while a legal hold exists. Returns the (region, bucket, key) queued for deletion."""
+    async with conn.transaction():
+        row = await conn.fetchrow(
+            "SELECT * FROM wfs_streams WHERE run_id = $1 AND stream_id = $2 FOR UPDATE", run_id, stream_id
+        )
+        if row is None:
+            return []
+        holds = await conn.fetchval(
+            """SELECT count(*) FROM wfs_legal_holds
+               WHERE run_id = $1 AND stream_id = $2 AND released_at IS NULL""",
+            run_id,
+            stream_id,
+        )
+        if holds:
+            raise StreamHeld(f"{holds} legal hold(s) exist; the stream cannot be deleted", holds=holds)
+        queued = await conn.fetch(
+            """INSERT INTO wfs_deletion_outbox (run_id, stream_id, region, bucket, object_key, reason)
+               SELECT $1, $2, region, bucket, object_key, 'stream_deleted' FROM wfs_object_intents
+               WHERE run_id = $1 AND stream_id = $2 AND state IN ('prepared', 'uploaded', 'committed')
+               RETURNING region, bucket, object_key""",
+            run_id,
+            stream_id,
+        )
+        await conn.execute("DELETE FROM wfs_streams WHERE run_id = $1 AND stream_id = $2", run_id, stream_id)
+        # open subscriptions see the stream end
+        await conn.execute("SELECT pg_notify('wfs_records', $1)", f"{run_id}/{stream_id}/0/0")
+        return [(r["region"], r["bucket"], r["object_key"]) for r in queued]

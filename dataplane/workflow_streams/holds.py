@@ -1,0 +1,32 @@
+"""Legal holds end to end: Postgres first (pruning and deletion stop at once), then S3 Object Lock.
+
+One function for the HTTP API and the operator alike.
+"""
+
+from __future__ import annotations
+
+import asyncpg
+
+from .objectstore import ObjectStore
+from .store import definitions, objects
+from .store.definitions import StreamState
+
+
+async def apply_legal_hold(
+    pool: asyncpg.Pool,
+    store: ObjectStore | None,
+    run_id: str,
+    stream_id: str,
+    hold_id: str,
+    enabled: bool,
+    reason: str,
+    actor: str,
+) -> StreamState:
+    async with pool.acquire() as conn:
+        state = await definitions.set_legal_hold(conn, run_id, stream_id, hold_id, enabled, reason, actor)
+        keys = await objects.stream_objects(conn, run_id, stream_id) if store is not None else []
+    held = bool(state.holds)
+    for region, key in keys:
+        assert store is not None
+        await store.set_legal_hold(region, key, held)
+    return state

@@ -1,0 +1,356 @@
+"""The Kopf operator against a real kube-apiserver + etcd, driven with kubectl."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import pytest
+import yaml
+from aiobotocore.session import get_session
+
+from tests.controlplane import ControlPlane, binaries_present
+from tests.support import ObjectsApi, StreamsApi
+from workflow_streams.api.app import create_app
+from workflow_streams.objectstore import RegionConfig
+from workflow_streams.store.retention import prune_stream
+from workflow_streams_operator.bucketpolicy import statement_id
+
+pytestmark = pytest.mark.slow
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def kube() -> Iterator[ControlPlane]:
+    if not binaries_present():
+        pytest.fail("etcd/kube-apiserver are not built: scripts/bootstrap builds them")
+    plane = ControlPlane()
+    plane.start()
+    plane.kubectl("apply", "-f", str(REPO / "crds"))
+    plane.kubectl("wait", "--for=condition=Established", "crd", "--all", "--timeout=60s")
+    plane.kubectl("apply", "-f", str(REPO / "charts/workflow-streams/templates/legal-hold-clusterrole.yaml"))
+    yield plane
+    plane.stop()
+
+
+@pytest.fixture
+def namespace(kube: ControlPlane) -> str:
+    name = f"t-{uuid.uuid4().hex[:8]}"
+    kube.kubectl("create", "namespace", name)
+    kube.kubectl(
+        "apply",
+        "-n",
+        name,
+        "-f",
+        "-",
+        input=yaml.safe_dump(
+            {"apiVersion": "kopf.dev/v1", "kind": "KopfPeering", "metadata": {"name": "workflow-streams"}}
+        ),
+    )
+    return name
+
+
+class Operator:
+    """``workflow-streams operator`` as its own process, watching one namespace."""
+
+    def __init__(
+        self, kube: ControlPlane, namespace: str, database_url: str, regions: dict[str, RegionConfig], log: Path
+    ) -> None:
+        self.env = {
+            **os.environ,
+            "KUBECONFIG": str(kube.kubeconfig),
+            "WFS_DATABASE_URL": database_url,
+            "WFS_S3_REGIONS": json.dumps({k: dataclasses.asdict(v) for k, v in regions.items()}),
+            "WFS_REGION_CIDRS": json.dumps({"eu-west-1": ["10.20.0.0/16"], "eu-central-1": ["10.30.0.0/16"]}),
+            "WFS_OPERATOR_NAMESPACE": namespace,
+            "WFS_OPERATOR_PEERING_LIFETIME": "10",
+        }
+        self.log_path = log
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self._log = self.log_path.open("ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "workflow_streams.cli", "operator"],
+            env=self.env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+        )
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc.wait()
+        self._log.close()
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+            self._log.close()
+
+
+@pytest.fixture
+def operator(
+    kube: ControlPlane, namespace: str, database_url: str, s3_regions: Any, tmp_path: Path
+) -> Iterator[Operator]:
+    op = Operator(kube, namespace, database_url, s3_regions, tmp_path / "operator.log")
+    op.start()
+    yield op
+    op.stop()
+    print((tmp_path / "operator.log").read_text()[-4000:])
+
+
+def stream_manifest(name: str, run: str, stream: str, **pin_overrides: Any) -> dict[str, Any]:
+    pins: dict[str, Any] = {
+        "direction": "output",
+        "contentClass": "model_output",
+        "schemaRef": "example.com/schemas/output/v1",
+        "placement": {
+            "metadataHome": "eu-west-1",
+            "metadataReplicas": ["eu-central-1"],
+            "objectRegions": ["eu-west-1"],
+            "clientEgressRegions": ["eu-west-1", "eu-central-1"],
+            "logRegion": "eu-west-1",
+        },
+        "retention": {"maxRecords": 1},
+        "authorization": {
+            "append": ["alice"],
+            "read": ["alice"],
+            "ack": ["alice"],
+            "close": ["alice"],
+            "legalHold": ["alice"],
+        },
+        "credit": {"maxUnreadItems": 1000, "maxUnreadBytes": 10_000_000, "policy": "reject"},
+    }
+    pins.update(pin_overrides)
+    return {
+        "apiVersion": "workflowstreams.dev/v1alpha1",
+        "kind": "WorkflowStream",
+        "metadata": {"name": name},
+        "spec": {"runId": run, "streamId": stream, "pins": pins},
+    }
+
+
+def hold_manifest(name: str, stream: str, matter: str = "m-1") -> dict[str, Any]:
+    return {
+        "apiVersion": "workflowstreams.dev/v1alpha1",
+        "kind": "StreamLegalHold",
+        "metadata": {"name": name},
+        "spec": {
+            "streamRef": {"name": stream},
+            "matterId": matter,
+            "reason": "litigation",
+            "requestedBy": "compliance@example.com",
+        },
+    }
+
+
+def apply(
+    kube: ControlPlane, namespace: str, manifest: dict[str, Any], **kwargs: Any
+) -> subprocess.CompletedProcess[str]:
+    return kube.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(manifest), **kwargs)
+
+
+def condition(kube: ControlPlane, namespace: str, kind_name: str, type_: str) -> dict[str, Any] | None:
+    out = kube.kubectl("get", "-n", namespace, kind_name, "-o", "json").stdout
+    return next((c for c in json.loads(out).get("status", {}).get("conditions", []) if c["type"] == type_), None)
+
+
+def wait_condition(
+    kube: ControlPlane, namespace: str, kind_name: str, type_: str, status: str = "True", seconds: float = 60
+) -> dict[str, Any]:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        found = condition(kube, namespace, kind_name, type_)
+        if found is not None and found["status"] == status:
+            return found
+        time.sleep(0.3)
+    raise AssertionError(f"{kind_name} never had {type_}={status}: {condition(kube, namespace, kind_name, type_)}")
+
+
+@pytest.fixture
+async def db(database_url: str) -> AsyncIterator[asyncpg.Connection]:
+    conn = await asyncpg.connect(database_url)
+    yield conn
+    await conn.close()
+
+
+@pytest.fixture
+async def s3(s3_regions: dict[str, RegionConfig]) -> AsyncIterator[Any]:
+    region = s3_regions["eu-west-1"]
+    async with get_session().create_client(
+        "s3",
+        endpoint_url=region.endpoint_url,
+        region_name="us-east-1",
+        aws_access_key_id=region.access_key_id,
+        aws_secret_access_key=region.secret_access_key,
+    ) as client:
+        client.bucket = region.bucket
+        yield client
+
+
+async def policy_sids(s3: Any) -> set[str]:
+    try:
+        policy = json.loads((await s3.get_bucket_policy(Bucket=s3.bucket))["Policy"])
+    except s3.exceptions.ClientError as exc:
+        if exc.response["Error"]["Code"] in ("NoSuchBucketPolicy", "NoSuchPolicy"):
+            return set()
+        raise
+    return {statement["Sid"] for statement in policy["Statement"]}
+
+
+async def test_stream_reconciles_to_ready(
+    kube: ControlPlane, namespace: str, operator: Operator, db: asyncpg.Connection, s3: Any
+) -> None:
+    apply(kube, namespace, stream_manifest("answers", "run-1", "answers"))
+    ready = await asyncio.to_thread(wait_condition, kube, namespace, "wfs/answers", "Ready")
+    assert ready["reason"] == "Reconciled" and ready["observedGeneration"] == 1
+    for type_ in ("DefinitionSynced", "BucketPolicySynced"):
+        assert condition(kube, namespace, "wfs/answers", type_)["status"] == "True"
+    row = await db.fetchrow("SELECT pins, created_by FROM wfs_streams WHERE run_id = 'run-1'")
+    assert row["created_by"] == "system:workflow-streams-operator"
+    pins = json.loads(row["pins"])
+    assert pins["content_class"] == "model_output"
+    assert pins["placement"]["client_egress_regions"] == ["eu-west-1", "eu-central-1"]
+    assert pins["authorization"]["legal_hold"] == ["alice"]
+    policy = json.loads((await s3.get_bucket_policy(Bucket=s3.bucket))["Policy"])
+    (statement,) = [s for s in policy["Statement"] if s["Sid"] == statement_id("run-1", "answers")]
+    assert sorted(statement["Condition"]["NotIpAddress"]["aws:SourceIp"]) == ["10.20.0.0/16", "10.30.0.0/16"]
+    listing = kube.kubectl("get", "-n", namespace, "wfs").stdout
+    assert "answers" in listing and "run-1" in listing and "True" in listing
+
+
+def test_api_server_enforces_pins(kube: ControlPlane, namespace: str) -> None:
+    apply(kube, namespace, stream_manifest("fixed", "run-2", "fixed"))
+    changed = stream_manifest("fixed", "run-2", "fixed", direction="input")
+    result = apply(kube, namespace, changed, check=False)
+    assert result.returncode != 0 and "pins are immutable" in result.stderr
+    moved = stream_manifest("fixed", "run-3", "fixed")
+    result = apply(kube, namespace, moved, check=False)
+    assert result.returncode != 0 and "runId is immutable" in result.stderr
+
+    bad = stream_manifest("thoughts", "run-2", "thoughts", contentClass="raw_model_reasoning")
+    result = apply(kube, namespace, bad, check=False)
+    assert result.returncode != 0
+    assert "raw hidden model reasoning is not an allowed content class" in result.stderr
+    result = kube.kubectl("get", "-n", namespace, "wfs", "thoughts", check=False)
+    assert result.returncode != 0 and "NotFound" in result.stderr
+
+
+async def test_hold_blocks_pruning_s3_delete_and_stream_deletion(
+    kube: ControlPlane,
+    namespace: str,
+    operator: Operator,
+    db: asyncpg.Connection,
+    s3: Any,
+    aiohttp_client: Any,
+    database_url: str,
+    settings_for: Any,
+    s3_regions: Any,
+) -> None:
+    apply(kube, namespace, stream_manifest("evidence", "run-9", "evidence"))
+    await asyncio.to_thread(wait_condition, kube, namespace, "wfs/evidence", "Ready")
+    api = StreamsApi(
+        await aiohttp_client(
+            create_app(settings_for(database_url, s3_regions=s3_regions, janitor_interval_seconds=0.2))
+        )
+    )
+    sequence = await ObjectsApi(api, "run-9", "evidence").put(b"the contract", "contract")
+    key = await db.fetchval("SELECT object->>'key' FROM wfs_records WHERE sequence = $1", sequence)
+    await api.append("run-9", "evidence", "later")
+
+    apply(kube, namespace, hold_manifest("matter-1", "evidence"))
+    await asyncio.to_thread(wait_condition, kube, namespace, "wfhold/matter-1", "Applied")
+    hold = await db.fetchrow("SELECT hold_id, reason, held_by FROM wfs_legal_holds")
+    assert hold["held_by"] == "compliance@example.com" and hold["reason"] == "matter m-1: litigation"
+    assert await prune_stream(db, "run-9", "evidence") == 0, "the hold stops pruning"
+    assert (await s3.get_object_legal_hold(Bucket=s3.bucket, Key=key))["LegalHold"]["Status"] == "ON"
+    await asyncio.to_thread(wait_condition, kube, namespace, "wfs/evidence", "LegalHold")
+
+    kube.kubectl("delete", "-n", namespace, "wfs/evidence", "--wait=false")
+    deleting = await asyncio.to_thread(wait_condition, kube, namespace, "wfs/evidence", "Deleting", "False")
+    assert deleting["reason"] == "LegalHold"
+    await asyncio.sleep(1)
+    assert kube.kubectl("get", "-n", namespace, "wfs/evidence", check=False).returncode == 0, "held: it stays"
+    assert await db.fetchval("SELECT count(*) FROM wfs_streams") == 1
+
+    kube.kubectl("delete", "-n", namespace, "wfhold/matter-1")
+
+    def stream_gone() -> bool:
+        return kube.kubectl("get", "-n", namespace, "wfs/evidence", check=False).returncode != 0
+
+    deadline = time.monotonic() + 60
+    while not await asyncio.to_thread(stream_gone):
+        assert time.monotonic() < deadline, "the stream was never deleted after the release"
+        await asyncio.sleep(0.3)
+    assert await db.fetchval("SELECT count(*) FROM wfs_streams") == 0
+    assert statement_id("run-9", "evidence") not in await policy_sids(s3), "its bucket policy statement is gone"
+
+    async def object_deleted() -> bool:
+        listing = await s3.list_object_versions(Bucket=s3.bucket, Prefix=key)
+        return not listing.get("Versions")
+
+    deadline = time.monotonic() + 30
+    while not await object_deleted():
+        assert time.monotonic() < deadline, "the deleted stream's object stayed in S3"
+        await asyncio.sleep(0.2)
+
+
+async def test_restarted_operator_converges(
+    kube: ControlPlane, namespace: str, operator: Operator, db: asyncpg.Connection
+) -> None:
+    for i in range(4):
+        apply(kube, namespace, stream_manifest(f"s{i}", "run-r", f"s{i}"))
+    operator.kill()  # mid-reconcile: some streams are done, some not, maybe one half-way
+    await asyncio.sleep(0.5)
+    operator.start()
+    for i in range(4):
+        await asyncio.to_thread(wait_condition, kube, namespace, f"wfs/s{i}", "Ready")
+    assert await db.fetchval("SELECT count(*) FROM wfs_streams WHERE run_id = 'run-r'") == 4
+
+
+def test_service_account_without_rbac_cannot_hold(kube: ControlPlane, namespace: str, tmp_path: Path) -> None:
+    apply(kube, namespace, stream_manifest("target", "run-5", "target"))
+    kube.kubectl("create", "serviceaccount", "-n", namespace, "intruder")
+    kube.kubectl("create", "serviceaccount", "-n", namespace, "compliance")
+    kube.kubectl(
+        "create",
+        "rolebinding",
+        "-n",
+        namespace,
+        "compliance-holds",
+        "--clusterrole=workflow-streams-legal-hold",
+        f"--serviceaccount={namespace}:compliance",
+    )
+
+    def as_service_account(name: str) -> Path:
+        token = kube.kubectl("create", "token", "-n", namespace, name).stdout.strip()
+        return kube.write_kubeconfig(tmp_path / f"{name}.kubeconfig", user={"token": token})
+
+    manifest = yaml.safe_dump(hold_manifest("sneaky", "target"))
+    denied = kube.kubectl(
+        "apply", "-n", namespace, "-f", "-", input=manifest, kubeconfig=as_service_account("intruder"), check=False
+    )
+    assert denied.returncode != 0 and "forbidden" in denied.stderr.lower()
+    allowed = kube.kubectl(
+        "create", "-n", namespace, "-f", "-", input=manifest, kubeconfig=as_service_account("compliance"), check=False
+    )
+    assert allowed.returncode == 0, allowed.stderr
+    # the hold role gives nothing on the streams themselves
+    streams = kube.kubectl("get", "-n", namespace, "wfs", kubeconfig=tmp_path / "compliance.kubeconfig", check=False)
+    assert streams.returncode != 0 and "forbidden" in streams.stderr.lower()
