@@ -242,3 +242,50 @@ class ControlPlane:
         for log in self._logs:
             log.close()
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def kind_available() -> bool:
+    """kind needs a Docker engine; the client alone (as on CI machines) is not enough."""
+    if not (shutil.which("kind") and shutil.which("docker")):
+        return False
+    return subprocess.run(["docker", "info"], capture_output=True, timeout=30).returncode == 0
+
+
+class KindPlane(ControlPlane):
+    """The same interface on a kind cluster (pytest-kind), where Docker and kind exist."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from pytest_kind import KindCluster
+
+        self.cluster = KindCluster(f"wfs-{self.port}", kind_path=Path(shutil.which("kind") or "kind"))
+
+    @property
+    def server(self) -> str:
+        import yaml
+
+        config = yaml.safe_load(self.kubeconfig.read_text())
+        return str(config["clusters"][0]["cluster"]["server"])
+
+    def start(self) -> None:
+        self.cluster.create()
+        self.kubeconfig = Path(self.cluster.kubeconfig_path)
+
+    def write_kubeconfig(self, path: Path, user: dict[str, str]) -> Path:
+        import yaml
+
+        config = yaml.safe_load(self.kubeconfig.read_text())
+        config["users"] = [{"name": "user", "user": user}]
+        config["contexts"] = [
+            {
+                "name": "test",
+                "context": {"cluster": config["clusters"][0]["name"], "user": "user", "namespace": "default"},
+            }
+        ]
+        config["current-context"] = "test"
+        path.write_text(yaml.safe_dump(config))
+        return path
+
+    def stop(self) -> None:
+        self.cluster.delete()
+        shutil.rmtree(self.dir, ignore_errors=True)

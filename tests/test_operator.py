@@ -19,7 +19,7 @@ import pytest
 import yaml
 from aiobotocore.session import get_session
 
-from tests.controlplane import ControlPlane, binaries_present
+from tests.controlplane import ControlPlane, KindPlane, binaries_present, kind_available
 from tests.support import ObjectsApi, StreamsApi
 from workflow_streams.api.app import create_app
 from workflow_streams.objectstore import RegionConfig
@@ -30,11 +30,17 @@ pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(scope="session")
-def kube() -> Iterator[ControlPlane]:
-    if not binaries_present():
-        pytest.fail("etcd/kube-apiserver are not built: scripts/bootstrap builds them")
-    plane = ControlPlane()
+@pytest.fixture(scope="session", params=["envtest", "kind"])
+def kube(request: pytest.FixtureRequest) -> Iterator[ControlPlane]:
+    """Every test runs on the local etcd + kube-apiserver, and on kind where Docker and kind exist."""
+    if request.param == "kind":
+        if not kind_available():
+            pytest.skip("kind needs a running Docker engine, which this machine lacks")
+        plane: ControlPlane = KindPlane()
+    else:
+        if not binaries_present():
+            pytest.fail("etcd/kube-apiserver are not built: scripts/bootstrap builds them")
+        plane = ControlPlane()
     plane.start()
     plane.kubectl("apply", "-f", str(REPO / "crds"))
     plane.kubectl("wait", "--for=condition=Established", "crd", "--all", "--timeout=60s")
@@ -92,6 +98,7 @@ class Operator:
         self.proc.kill()
         self.proc.wait()
         self._log.close()
+        self.proc = None
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -354,3 +361,30 @@ def test_service_account_without_rbac_cannot_hold(kube: ControlPlane, namespace:
     # the hold role gives nothing on the streams themselves
     streams = kube.kubectl("get", "-n", namespace, "wfs", kubeconfig=tmp_path / "compliance.kubeconfig", check=False)
     assert streams.returncode != 0 and "forbidden" in streams.stderr.lower()
+
+
+async def test_standby_replica_takes_over(
+    kube: ControlPlane, namespace: str, database_url: str, s3_regions: Any, tmp_path: Path, db: asyncpg.Connection
+) -> None:
+    """Two replicas peer through Kopf: the higher priority one works, the other takes over when it dies."""
+    active = Operator(kube, namespace, database_url, s3_regions, tmp_path / "active.log")
+    standby = Operator(kube, namespace, database_url, s3_regions, tmp_path / "standby.log")
+    active.env["WFS_OPERATOR_PRIORITY"], standby.env["WFS_OPERATOR_PRIORITY"] = "200", "100"
+    active.start()
+    await asyncio.sleep(2)
+    standby.start()
+    try:
+        apply(kube, namespace, stream_manifest("first", "run-ha", "first"))
+        await asyncio.to_thread(wait_condition, kube, namespace, "wfs/first", "Ready")
+        await asyncio.sleep(1)
+        assert "reconcile_stream' succeeded" in active.log_path.read_text()
+        assert "reconcile_stream' succeeded" not in standby.log_path.read_text(), "the standby must not work"
+
+        active.kill()
+        apply(kube, namespace, stream_manifest("second", "run-ha", "second"))
+        await asyncio.to_thread(wait_condition, kube, namespace, "wfs/second", "Ready", "True", 90)
+        assert "reconcile_stream' succeeded" in standby.log_path.read_text()
+        assert await db.fetchval("SELECT count(*) FROM wfs_streams WHERE run_id = 'run-ha'") == 2
+    finally:
+        standby.stop()
+        active.stop()
