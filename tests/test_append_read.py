@@ -48,7 +48,7 @@ async def test_cursor_errors(api: StreamsApi) -> None:
         await problem(await api.read("r", "s", after=bad), 400, "invalid_input")
     for bad in ("0", "1001", "-3"):
         await problem(await api.read("r", "s", limit=bad), 400, "invalid_input")
-    await problem(await api.read("r", "missing"), 404, "not_found")
+    await problem(await api.read("r", "missing"), 403, "forbidden")
 
 
 async def test_inline_limit_is_64_kib_and_oversize_appends_nothing(api: StreamsApi, db: asyncpg.Connection) -> None:

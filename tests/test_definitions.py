@@ -42,7 +42,7 @@ async def test_raw_model_reasoning_is_refused(api: StreamsApi) -> None:
     resp = await api.create("run-1", "thoughts", content_class="raw_model_reasoning")
     body = await problem(resp, 422, "forbidden_content_class")
     assert "reasoning_summary" in body["allowed"]
-    await problem(await api.get("run-1", "thoughts"), 404, "not_found")
+    await problem(await api.get("run-1", "thoughts"), 403, "forbidden")  # as if it were not ours
 
 
 async def test_invalid_definitions_name_the_field(api: StreamsApi) -> None:
@@ -90,3 +90,18 @@ async def test_bad_identifiers_are_rejected(api: StreamsApi) -> None:
         assert resp.content_type == "application/problem+json"
     resp = await api.client.post(api.url("run-1"), json={"stream_id": "a/b", "pins": pins()}, headers=api.headers)
     await problem(resp, 400, "invalid_input")
+
+
+async def test_missing_and_forbidden_streams_look_the_same(api: StreamsApi) -> None:
+    """A caller learns nothing about streams it cannot see: same status, code and detail."""
+    await api.create("run-1", "secret", authorization={"read": ["alice"], "append": ["alice"]})
+    eve = api.as_(EVE)
+    pairs = [
+        (await eve.read("run-1", "secret"), await eve.read("run-1", "nothing-here")),
+        (await eve.get("run-1", "secret"), await eve.get("run-2", "secret")),
+        (await eve.append("run-1", "secret", 1), await eve.append("run-1", "nothing-here", 1)),
+        (await eve.ack("run-1", "secret", "c", 0), await eve.ack("run-1", "nothing-here", "c", 0)),
+    ]
+    for existing, missing in pairs:
+        assert existing.status == missing.status == 403
+        assert await existing.json() == await missing.json()

@@ -10,7 +10,7 @@ import asyncpg
 from aiohttp import ClientPayloadError
 from aiohttp.test_utils import TestClient
 
-from tests.support import EVE, SseReader, StreamsApi, credit, problem
+from tests.support import BOB, EVE, SseReader, StreamsApi, credit, problem
 from workflow_streams.api.app import create_app
 from workflow_streams.store.retention import prune_stream
 
@@ -182,3 +182,12 @@ async def test_slow_subscriber_is_cut_off_not_buffered(
     assert len(got) < 200, "the server must have cut the stalled subscriber off"
     rest = SseReader(await subscribe(api, "r", "s", last_event_id=got[-1]))
     assert await rest.records(200 - len(got), seconds=30) == list(range(len(got) + 1, 201))
+
+
+async def test_subscribe_has_its_own_right(api: StreamsApi) -> None:
+    await api.create("r", "s", authorization={"read": ["alice", "group:readers"], "subscribe": ["alice"]})
+    await api.append("r", "s", 1)
+    bob = api.as_(BOB)  # may read, may not subscribe
+    assert (await bob.read("r", "s")).status == 200
+    await problem(await subscribe(bob, "r", "s"), 403, "forbidden")
+    assert await SseReader(await subscribe(api, "r", "s")).records(1) == [1]

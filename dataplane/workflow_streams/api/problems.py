@@ -65,7 +65,13 @@ def problem(status: int, code: str, detail: str, headers: dict[str, str] | None 
     return web.Response(status=status, body=json.dumps(body), content_type=PROBLEM_TYPE, headers=headers)
 
 
+# One answer for "no such stream" and "not yours": nothing is revealed about streams a caller cannot see.
+NOT_VISIBLE = "the stream does not exist, or this principal may not do this on it"
+
+
 def from_error(exc: errors.StreamError) -> web.Response:
+    if isinstance(exc, errors.StreamNotFound) or type(exc) is errors.Forbidden:
+        return problem(403, errors.Forbidden.code, NOT_VISIBLE)
     status = next((STATUS[cls] for cls in type(exc).__mro__ if cls in STATUS), 400)
     headers = {}
     if isinstance(exc, errors.Backpressure):

@@ -69,7 +69,7 @@ async def subscribe(request: web.Request) -> web.StreamResponse:
     with app.hub.watch(wakes.RECORDS, run_id, stream_id) as wake:
         # the first read validates cursor and rights, so errors are ordinary HTTP responses
         async with app.pool.acquire() as conn:
-            page = await reads.read_page(conn, run_id, stream_id, after, PAGE, principal)
+            page = await reads.read_page(conn, run_id, stream_id, after, PAGE, principal, "subscribe")
         response = await _start_event_stream(request)
         last = after
         try:
@@ -156,7 +156,7 @@ async def _read_retrying(
     while True:
         try:
             async with pool.acquire() as conn:
-                return await reads.read_page(conn, run_id, stream_id, after, PAGE, principal)
+                return await reads.read_page(conn, run_id, stream_id, after, PAGE, principal, "subscribe")
         except DB_UNAVAILABLE as exc:
             log.warning("subscription read failed (%s); retrying in %.1fs", exc, delay)
             await _write(response, b": database unavailable, retrying\n\n")

@@ -8,7 +8,7 @@ from typing import Literal
 from .errors import Forbidden
 from .pins import Authorization
 
-Action = Literal["append", "read", "ack", "close", "legal_hold"]
+Action = Literal["append", "read", "subscribe", "ack", "close", "legal_hold"]
 
 
 @dataclass(frozen=True)
@@ -19,7 +19,10 @@ class Principal:
 
 def matching_subject(authorization: Authorization, principal: Principal, action: Action) -> str | None:
     """The pinned subject that grants ``action`` to ``principal``, if any: the reason for a decision."""
-    for subject in getattr(authorization, action):
+    subjects = getattr(authorization, action)
+    if subjects is None:  # subscribe defaults to read
+        subjects = authorization.read
+    for subject in subjects:
         if (
             subject == "*"
             or subject == principal.name

@@ -32,6 +32,11 @@ class NotFound(StreamError):
     code = "not_found"
 
 
+class StreamNotFound(NotFound):
+    """No such stream. Over HTTP this looks exactly like Forbidden, so callers learn nothing about
+    streams they may not see."""
+
+
 class PinsConflict(StreamError):
     code = "pins_conflict"
 

@@ -75,6 +75,8 @@ class Redaction(_Pinned):
 class Authorization(_Pinned):
     append: list[Subject] = Field(default_factory=list, max_length=64)
     read: list[Subject] = Field(default_factory=list, max_length=64)
+    # live subscriptions; unset means the same subjects as read
+    subscribe: list[Subject] | None = Field(default=None, max_length=64)
     ack: list[Subject] = Field(default_factory=list, max_length=64)
     close: list[Subject] = Field(default_factory=list, max_length=64)
     legal_hold: list[Subject] = Field(default_factory=list, max_length=64)

@@ -7,7 +7,7 @@ from typing import Any
 import asyncpg
 
 from ..domain.authz import Principal, require
-from ..domain.errors import AckRegression, ConsumerScopeMismatch, FutureAck, NotFound
+from ..domain.errors import AckRegression, ConsumerScopeMismatch, FutureAck, StreamNotFound
 from . import wakes
 from .definitions import pins_of
 
@@ -27,7 +27,7 @@ async def ack(
             stream_id,
         )
         if stream is None:
-            raise NotFound("no such stream")
+            raise StreamNotFound("no such stream")
         require(pins_of(stream).authorization, principal, "ack")
         if sequence > stream["last_sequence"]:
             raise FutureAck(

@@ -9,7 +9,7 @@ from typing import Any
 import asyncpg
 
 from ..domain.authz import Principal, require
-from ..domain.errors import NotFound, PinsConflict, StreamHeld
+from ..domain.errors import PinsConflict, StreamHeld, StreamNotFound
 from ..domain.pins import StreamPins
 
 
@@ -116,7 +116,7 @@ async def create_definition(
 async def get_stream(conn: asyncpg.Connection, run_id: str, stream_id: str) -> tuple[Definition, StreamState]:
     row = await conn.fetchrow("SELECT * FROM wfs_streams WHERE run_id = $1 AND stream_id = $2", run_id, stream_id)
     if row is None:
-        raise NotFound("no such stream")
+        raise StreamNotFound("no such stream")
     return _definition(row), await _state(conn, row)
 
 
@@ -143,7 +143,7 @@ async def lock_stream(conn: asyncpg.Connection, run_id: str, stream_id: str) -> 
         "SELECT * FROM wfs_streams WHERE run_id = $1 AND stream_id = $2 FOR UPDATE", run_id, stream_id
     )
     if row is None:
-        raise NotFound("no such stream")
+        raise StreamNotFound("no such stream")
     return row
 
 

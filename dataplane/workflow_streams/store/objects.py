@@ -16,6 +16,7 @@ from ..domain.errors import (
     NotFound,
     ObjectEvidenceMismatch,
     StreamClosed,
+    StreamNotFound,
 )
 from ..domain.objects import ObjectPins, can_move, choose_region, object_json, object_key
 from ..domain.records import RecordIn
@@ -59,7 +60,7 @@ async def prepare(
             stream_id,
         )
         if stream is None:
-            raise NotFound("no such stream")
+            raise StreamNotFound("no such stream")
         stream_pins = pins_of(stream)
         require(stream_pins.authorization, principal, "append")
         if stream["closed_at"] is not None:

@@ -11,7 +11,7 @@ import asyncpg
 
 from ..domain.authz import Action, Principal, require
 from ..domain.cursor import Bounds, check_cursor
-from ..domain.errors import NotFound
+from ..domain.errors import StreamNotFound
 from ..domain.records import is_json
 from .definitions import pins_of
 
@@ -63,7 +63,7 @@ async def read_page(
             stream_id,
         )
         if row is None:
-            raise NotFound("no such stream")
+            raise StreamNotFound("no such stream")
         require(pins_of(row).authorization, principal, action)
         bounds = Bounds(earliest=row["earliest_sequence"], latest=row["last_sequence"])
         check_cursor(after, bounds)
