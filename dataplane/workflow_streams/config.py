@@ -47,6 +47,10 @@ class Settings:
     # subscriptions end after this long and clients resume elsewhere: keeps replicas balanced
     sse_max_connection_seconds: float = 3600.0
     max_request_bytes: int = 4 * 1024 * 1024
+    # a JSON body must arrive within this long; an upload may stall no longer than this between chunks
+    body_timeout_seconds: float = 10.0
+    # open subscriptions per principal on one replica
+    sse_max_per_principal: int = 100
     # the workflow wait service that input records are delivered to (unset: no dispatcher here)
     wait_service_url: str | None = None
     worker_lease_seconds: float = 15.0
@@ -80,6 +84,8 @@ class Settings:
             pool_min=int(env.get("WFS_POOL_MIN", "2")),
             pool_max=int(env.get("WFS_POOL_MAX", "20")),
             prune_interval_seconds=float(env.get("WFS_PRUNE_INTERVAL_SECONDS", "30")),
+            body_timeout_seconds=float(env.get("WFS_BODY_TIMEOUT_SECONDS", "10")),
+            sse_max_per_principal=int(env.get("WFS_SSE_MAX_PER_PRINCIPAL", "100")),
             sse_heartbeat_seconds=float(env.get("WFS_SSE_HEARTBEAT_SECONDS", "15")),
             sse_max_connection_seconds=float(env.get("WFS_SSE_MAX_CONNECTION_SECONDS", "3600")),
             wait_service_url=env.get("WFS_WAIT_SERVICE_URL") or None,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import weakref
@@ -86,6 +87,7 @@ def create_app(settings: Settings) -> web.Application:
     api.add_routes(objects.routes)
     open_streams: weakref.WeakSet[asyncio.Task[object]] = weakref.WeakSet()
     app[subscribe.OPEN_STREAMS] = open_streams
+    app[subscribe.SUBSCRIPTIONS] = collections.Counter()
     app.on_shutdown.append(subscribe.close_open_streams)
     app.cleanup_ctx.append(resources)
     app.router.add_get("/healthz", _health)

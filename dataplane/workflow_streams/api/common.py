@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+from collections.abc import AsyncIterator
 from typing import Any
 
 from aiohttp import web
 
-from ..domain.errors import InvalidInput
+from ..domain.errors import InvalidInput, RequestTimeout
 from ..domain.ids import check_id
+from .state import STATE
 
 STREAM = "/runs/{run_id}/streams/{stream_id}"
 
@@ -20,7 +23,14 @@ def json_response(body: Any, status: int = 200, headers: dict[str, str] | None =
 async def read_json(request: web.Request) -> Any:
     if request.content_type != "application/json":
         raise InvalidInput("the request body must be application/json", field="Content-Type")
-    text = await request.text()
+    seconds = request.config_dict[STATE].settings.body_timeout_seconds
+    try:
+        async with asyncio.timeout(seconds):
+            text = await request.text()
+    except TimeoutError:
+        raise RequestTimeout(f"the request body did not arrive within {seconds:g} s") from None
+    except UnicodeDecodeError:
+        raise InvalidInput("the request body is not UTF-8", field="/") from None
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
@@ -44,3 +54,16 @@ def stream_key(request: web.Request) -> tuple[str, str]:
         check_id("run_id", request.match_info["run_id"]),
         check_id("stream_id", request.match_info["stream_id"]),
     )
+
+
+async def chunks_with_idle_timeout(request: web.Request, seconds: float) -> AsyncIterator[bytes]:
+    """The body in chunks; a body that stalls longer than ``seconds`` between chunks is abandoned."""
+    while True:
+        try:
+            async with asyncio.timeout(seconds):
+                chunk = await request.content.readany()
+        except TimeoutError:
+            raise RequestTimeout(f"the upload stalled for more than {seconds:g} s") from None
+        if not chunk:
+            return
+        yield chunk

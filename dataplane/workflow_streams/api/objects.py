@@ -13,14 +13,13 @@ from ..domain.objects import parse_prepare
 from ..objectstore import ObjectStore
 from ..store import objects, retention
 from ..store.appends import AppendResult, with_credit_wait
-from .common import STREAM, json_response, read_json, stream_key
+from .common import STREAM, chunks_with_idle_timeout, json_response, read_json, stream_key
 from .state import AppState, principal_of, state_of
 
 log = logging.getLogger(__name__)
 
 routes = web.RouteTableDef()
 INTENT = STREAM + "/objects/{intent_id}"
-CHUNK = 64 * 1024
 
 
 def _store(app: AppState) -> ObjectStore:
@@ -80,9 +79,8 @@ async def upload(request: web.Request) -> web.Response:
             f"Content-Length {request.content_length} differs from the prepared size {row['size_bytes']}",
             field="Content-Length",
         )
-    checksum = await store.upload(
-        row["region"], row["object_key"], request.content.iter_chunked(CHUNK), row["size_bytes"], row["sha256"], held
-    )
+    chunks = chunks_with_idle_timeout(request, app.settings.body_timeout_seconds)
+    checksum = await store.upload(row["region"], row["object_key"], chunks, row["size_bytes"], row["sha256"], held)
     async with app.pool.acquire() as conn:
         await objects.mark_uploaded(conn, intent_id, checksum)
         row = await objects.get_intent(conn, run_id, stream_id, intent_id, principal)

@@ -41,6 +41,8 @@ STATUS: dict[type[errors.StreamError], int] = {
     errors.IntentExpired: 409,
     errors.ObjectRegionUnavailable: 503,
     errors.StreamHeld: 409,
+    errors.RequestTimeout: 408,
+    errors.TooManySubscriptions: 429,
 }
 
 _HTTP_CODES = {
@@ -74,8 +76,8 @@ def from_error(exc: errors.StreamError) -> web.Response:
         return problem(403, errors.Forbidden.code, NOT_VISIBLE)
     status = next((STATUS[cls] for cls in type(exc).__mro__ if cls in STATUS), 400)
     headers = {}
-    if isinstance(exc, errors.Backpressure):
-        headers["Retry-After"] = str(exc.retry_after)
+    if isinstance(exc, errors.Backpressure | errors.TooManySubscriptions):
+        headers["Retry-After"] = str(getattr(exc, "retry_after", 5))
     if isinstance(exc, errors.Unauthenticated):
         headers["WWW-Authenticate"] = 'Bearer realm="workflow-streams"'
     return problem(status, exc.code, exc.detail, headers, **exc.extra)

@@ -9,16 +9,19 @@ holds back only its own reads, and one that stops reading is disconnected with a
 from __future__ import annotations
 
 import asyncio
+import collections
+import contextlib
 import json
 import logging
 import weakref
+from collections.abc import Iterator
 
 import asyncpg
 from aiohttp import web
 
 from ..domain.authz import Principal
 from ..domain.cursor import parse_cursor
-from ..domain.errors import InvalidInput, StreamError
+from ..domain.errors import InvalidInput, StreamError, TooManySubscriptions
 from ..store import gaps, reads, wakes
 from ..store.db import DB_UNAVAILABLE
 from .common import STREAM, stream_key
@@ -33,6 +36,8 @@ RECONNECT_MS = 1000
 # a client that does not take a page within this time is cut off; it resumes with Last-Event-ID
 WRITE_TIMEOUT_SECONDS = 30.0
 
+# open subscriptions per principal name
+SUBSCRIPTIONS = web.AppKey("workflow_streams_subscriptions", collections.Counter[str])
 # handler tasks of open subscriptions, cancelled on shutdown
 OPEN_STREAMS = web.AppKey("workflow_streams_open_sse", weakref.WeakSet[asyncio.Task[object]])
 
@@ -66,7 +71,7 @@ async def subscribe(request: web.Request) -> web.StreamResponse:
     settings = app.settings
     ends_at = asyncio.get_running_loop().time() + settings.sse_max_connection_seconds
 
-    with app.hub.watch(wakes.RECORDS, run_id, stream_id) as wake:
+    with _subscription_slot(request, principal.name), app.hub.watch(wakes.RECORDS, run_id, stream_id) as wake:
         # the first read validates cursor and rights, so errors are ordinary HTTP responses
         async with app.pool.acquire() as conn:
             page = await reads.read_page(conn, run_id, stream_id, after, PAGE, principal, "subscribe")
@@ -94,6 +99,22 @@ async def subscribe(request: web.Request) -> web.StreamResponse:
             if request.transport is not None:
                 request.transport.abort()  # drop what is buffered: it resumes with Last-Event-ID
         return response
+
+
+@contextlib.contextmanager
+def _subscription_slot(request: web.Request, principal: str) -> Iterator[None]:
+    """Bound open subscriptions per principal on this replica, so one caller cannot exhaust it."""
+    counts = request.config_dict[SUBSCRIPTIONS]
+    limit = state_of(request).settings.sse_max_per_principal
+    if counts[principal] >= limit:
+        raise TooManySubscriptions(f"at most {limit} open subscriptions per principal", limit=limit)
+    counts[principal] += 1
+    try:
+        yield
+    finally:
+        counts[principal] -= 1
+        if not counts[principal]:
+            del counts[principal]
 
 
 async def _start_event_stream(request: web.Request) -> web.StreamResponse:

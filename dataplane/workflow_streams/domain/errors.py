@@ -131,3 +131,13 @@ class StreamHeld(StreamError):
     """A legal hold stops deletion."""
 
     code = "stream_held"
+
+
+class RequestTimeout(StreamError):
+    """The body arrived too slowly (slowloris): nothing was done."""
+
+    code = "request_timeout"
+
+
+class TooManySubscriptions(StreamError):
+    code = "too_many_subscriptions"

@@ -1,0 +1,169 @@
+"""Hostile input gets a clear 4xx and changes nothing: one test per class, each checks the stream after."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import asyncpg
+import pytest
+from aiohttp import ClientResponse
+
+from tests.support import ALICE, StreamsApi, pins
+from workflow_streams import API_PREFIX
+from workflow_streams.api.app import create_app
+
+
+async def snapshot(db: asyncpg.Connection) -> tuple[Any, ...]:
+    """Everything a request could change."""
+    return (
+        tuple(await db.fetch("SELECT run_id, stream_id, last_sequence, appended_bytes, closed_at FROM wfs_streams")),
+        tuple(await db.fetch("SELECT run_id, stream_id, sequence, payload FROM wfs_records ORDER BY 1, 2, 3")),
+        tuple(await db.fetch("SELECT * FROM wfs_consumers ORDER BY consumer_id")),
+        tuple(await db.fetch("SELECT * FROM wfs_append_receipts ORDER BY idempotency_key")),
+        tuple(await db.fetch("SELECT * FROM wfs_legal_holds ORDER BY hold_id")),
+        tuple(await db.fetch("SELECT * FROM wfs_object_intents")),
+    )
+
+
+@pytest.fixture
+async def stream(api: StreamsApi) -> StreamsApi:
+    await api.create("r", "s")
+    await api.append("r", "s", {"n": 1}, {"n": 2})
+    await api.ack("r", "s", "c1", 1)
+    return api
+
+
+async def expect_unchanged(
+    db: asyncpg.Connection, request: Callable[[], Awaitable[ClientResponse]], status: int | tuple[int, ...]
+) -> dict[str, Any]:
+    before = await snapshot(db)
+    resp = await request()
+    statuses = status if isinstance(status, tuple) else (status,)
+    assert resp.status in statuses, (resp.status, await resp.text())
+    assert resp.content_type == "application/problem+json"
+    body: dict[str, Any] = await resp.json(content_type=None)
+    assert body["status"] == resp.status and body["code"]
+    assert await snapshot(db) == before, "a refused request changed the stream"
+    return body
+
+
+RECORDS = f"{API_PREFIX}/runs/r/streams/s/records"
+
+
+async def test_oversized_bodies(stream: StreamsApi, db: asyncpg.Connection) -> None:
+    huge = json.dumps({"records": [{"data": "x" * 60_000} for _ in range(80)]}).encode()  # ~4.8 MB > 4 MiB
+    headers = {**ALICE, "Content-Type": "application/json"}
+    body = await expect_unchanged(db, lambda: stream.client.post(RECORDS, data=io.BytesIO(huge), headers=headers), 413)
+    assert body["code"] == "payload_too_large"
+    await expect_unchanged(db, lambda: stream.append("r", "s", "y" * 70_000), 413)
+
+
+async def test_malformed_json(stream: StreamsApi, db: asyncpg.Connection) -> None:
+    headers = {**ALICE, "Content-Type": "application/json"}
+    for raw in (b"{", b"[1,", b"\xff\xfe", b"", b"null", b'{"data": NaN', b"{'data': 1}"):
+        await expect_unchanged(db, lambda raw=raw: stream.client.post(RECORDS, data=raw, headers=headers), 400)
+    text = {**ALICE, "Content-Type": "text/plain"}
+    await expect_unchanged(db, lambda: stream.client.post(RECORDS, data=b'{"data": 1}', headers=text), 400)
+
+
+async def test_wrong_types(stream: StreamsApi, db: asyncpg.Connection) -> None:
+    cases: list[Callable[[], Awaitable[ClientResponse]]] = [
+        lambda: stream.append("r", "s", body={"records": "not a list"}),
+        lambda: stream.append("r", "s", body={"records": [{"content_type": 7, "data": 1}]}),
+        lambda: stream.append("r", "s", body={"data_base64": 12}),
+        lambda: stream.ack("r", "s", "c1", "2"),
+        lambda: stream.ack("r", "s", "c1", [2]),
+        lambda: stream.hold("r", "s", "true"),  # type: ignore[arg-type]
+        lambda: stream.client.post(stream.url("r"), json={"stream_id": 5, "pins": pins()}, headers=ALICE),
+        lambda: stream.client.post(stream.url("r"), json=["stream_id"], headers=ALICE),
+    ]
+    for case in cases:
+        await expect_unchanged(db, case, (400, 422))
+    wrong = pins(credit={"max_unread_items": 1.5})
+    body = await expect_unchanged(
+        db, lambda: stream.client.post(stream.url("r"), json={"stream_id": "n", "pins": wrong}, headers=ALICE), 422
+    )
+    assert body["errors"][0]["field"] == "credit/max_unread_items"
+
+
+async def test_huge_and_negative_cursors(stream: StreamsApi, db: asyncpg.Connection) -> None:
+    for after in ("-1", "9" * 30, str(2**63), "1e9", "+1", "0x1", "\u0661"):  # the last: Arabic-Indic one
+        await expect_unchanged(db, lambda after=after: stream.read("r", "s", after=after), 400)
+    await expect_unchanged(db, lambda: stream.read("r", "s", after=str(2**63 - 1)), 400)
+    for limit in ("0", "-5", "1000000", "abc"):
+        await expect_unchanged(db, lambda limit=limit: stream.read("r", "s", limit=limit), 400)
+    resp = await stream.client.get(stream.url("r", "s", "/subscribe"), headers={**ALICE, "Last-Event-ID": "-7"})
+    assert resp.status == 400
+
+
+async def test_identifiers_with_path_tricks_or_sql(stream: StreamsApi, db: asyncpg.Connection) -> None:
+    tricks = ["..%2F..%2Fetc", "s%00", "s'%20OR%201=1--", "%252e%252e", "a" * 200, "s;DROP%20TABLE%20wfs_records"]
+    for trick in tricks:
+        url = f"{API_PREFIX}/runs/r/streams/{trick}/records"
+        await expect_unchanged(db, lambda url=url: stream.client.post(url, json={"data": 1}, headers=ALICE), (400, 404))
+        consumer = f"{API_PREFIX}/runs/r/streams/s/consumers/{trick}/ack"
+        await expect_unchanged(
+            db,
+            lambda consumer=consumer: stream.client.post(consumer, json={"sequence": 2}, headers=ALICE),
+            (400, 404),
+        )
+    await expect_unchanged(db, lambda: stream.append("r", "s", 1, key="k\u00e9y"), 400)
+
+
+async def test_unknown_fields(stream: StreamsApi, db: asyncpg.Connection) -> None:
+    await expect_unchanged(db, lambda: stream.append("r", "s", body={"data": 1, "sequence": 99}), 400)
+    await expect_unchanged(
+        db,
+        lambda: stream.client.post(
+            stream.url("r", "s", "/consumers/c1/ack"), json={"sequence": 2, "force": True}, headers=ALICE
+        ),
+        400,
+    )
+    await expect_unchanged(db, lambda: stream.hold("r", "s", True, "x", admin=True), 400)
+    body = await expect_unchanged(
+        db,
+        lambda: stream.client.post(
+            stream.url("r"), json={"stream_id": "x", "pins": pins(), "owner": "eve"}, headers=ALICE
+        ),
+        400,
+    )
+    assert body["field"] == "owner"
+
+
+async def test_slow_body_times_out(
+    aiohttp_client: Any, database_url: str, settings_for: Any, db: asyncpg.Connection
+) -> None:
+    api = StreamsApi(await aiohttp_client(create_app(settings_for(database_url, body_timeout_seconds=0.5))))
+    await api.create("r", "s")
+    await api.append("r", "s", 1)
+
+    async def trickle() -> Any:
+        yield b'{"records": [{"data": 1},'
+        await asyncio.sleep(2)
+        yield b'{"data": 2}]}'
+
+    headers = {**ALICE, "Content-Type": "application/json"}
+    body = await expect_unchanged(db, lambda: api.client.post(RECORDS, data=trickle(), headers=headers), 408)
+    assert body["code"] == "request_timeout"
+
+
+async def test_too_many_subscriptions_per_principal(
+    aiohttp_client: Any, database_url: str, settings_for: Any, db: asyncpg.Connection
+) -> None:
+    api = StreamsApi(await aiohttp_client(create_app(settings_for(database_url, sse_max_per_principal=3))))
+    await api.create("r", "s")
+    url = api.url("r", "s", "/subscribe")
+    open_ = [await api.client.get(url, headers=ALICE) for _ in range(3)]
+    assert all(r.status == 200 for r in open_)
+    body = await expect_unchanged(db, lambda: api.client.get(url, headers=ALICE), 429)
+    assert body["code"] == "too_many_subscriptions" and body["limit"] == 3
+    open_[0].close()
+    await asyncio.sleep(0.3)
+    again = await api.client.get(url, headers=ALICE)
+    assert again.status == 200, "a closed subscription frees its slot"
+    for r in [again, *open_[1:]]:
+        r.close()
