@@ -64,6 +64,7 @@ def make_settings(database_url: str, **overrides: Any) -> Settings:
     base: dict[str, Any] = {
         "database_url": database_url,
         "tokens": TOKENS,
+        "region": "eu-west-1",  # the region the test streams pin for client egress and logs
         "prune_interval_seconds": 0,
         "sse_heartbeat_seconds": 1.0,
     }

@@ -89,7 +89,8 @@ async def test_thousand_subscribers_share_one_listen_connection(
     aiohttp_client: Any, database_url: str, settings_for: Any, session: aiohttp.ClientSession
 ) -> None:
     app_name = f"wfs-listen-{uuid.uuid4().hex[:8]}"
-    client = await aiohttp_client(create_app(settings_for(database_url, listen_application_name=app_name)))
+    settings = settings_for(database_url, listen_application_name=app_name, sse_max_per_principal=1000)
+    client = await aiohttp_client(create_app(settings))
     api = StreamsApi(client)
     await api.create("r", "s")
     await api.append("r", "s", 1)

@@ -39,6 +39,12 @@ class Settings:
     port: int = 8080
     tokens: Mapping[str, Principal] = field(default_factory=dict)
     region: str = "local"
+    # the region of this data plane's Postgres: definitions whose metadata home differs are refused
+    metadata_region: str | None = None
+    # region -> client CIDRs, to tell which region a caller is in
+    region_cidrs: Mapping[str, list[str]] = field(default_factory=dict)
+    # proxies whose X-Forwarded-For is believed
+    trusted_proxies: list[str] = field(default_factory=list)
     pool_min: int = 2
     pool_max: int = 20
     # how often the retention pruner sweeps (0 disables it in this process)
@@ -81,6 +87,9 @@ class Settings:
             port=int(env.get("WFS_PORT", "8080")),
             tokens=tokens,
             region=env.get("WFS_REGION", "local"),
+            metadata_region=env.get("WFS_METADATA_REGION") or None,
+            region_cidrs=json.loads(env.get("WFS_REGION_CIDRS", "{}")),
+            trusted_proxies=[p for p in env.get("WFS_TRUSTED_PROXIES", "").split(",") if p],
             pool_min=int(env.get("WFS_POOL_MIN", "2")),
             pool_max=int(env.get("WFS_POOL_MAX", "20")),
             prune_interval_seconds=float(env.get("WFS_PRUNE_INTERVAL_SECONDS", "30")),

@@ -22,6 +22,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 from workflow_streams.config import parse_regions
 from workflow_streams.domain.errors import NotFound, PinsConflict, StreamError, StreamHeld
 from workflow_streams.domain.pins import parse_pins
+from workflow_streams.domain.placement import check_metadata_home
 from workflow_streams.holds import apply_legal_hold
 from workflow_streams.objectstore import ObjectStore
 from workflow_streams.store import definitions
@@ -99,6 +100,7 @@ async def reconcile_stream(
 
     try:
         pins = parse_pins(pins_from_spec(spec["pins"]))
+        check_metadata_home(pins, os.environ.get("WFS_METADATA_REGION") or None)
         async with memo.pool.acquire() as conn:
             definition, created = await definitions.create_definition(conn, run_id, stream_id, pins, OPERATOR)
     except (PinsConflict, StreamError) as exc:

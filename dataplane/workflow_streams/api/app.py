@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
-from .. import API_PREFIX
+from .. import API_PREFIX, payloadlog
 from ..config import Settings
 from ..objectstore import ObjectStore
 from ..store.db import create_pool
@@ -55,6 +55,9 @@ def create_app(settings: Settings) -> web.Application:
     app = web.Application(client_max_size=settings.max_request_bytes, middlewares=[problem_middleware])
 
     async def resources(app: web.Application) -> AsyncIterator[None]:
+        payloadlog.install(settings.region)
+        if settings.metadata_region is None:
+            log.warning("WFS_METADATA_REGION is unset: metadata-home placement is not enforced")
         pool = await create_pool(settings.database_url, settings.pool_min, settings.pool_max)
         hub = WakeHub(settings.database_url, application_name=settings.listen_application_name)
         await hub.start()

@@ -11,6 +11,7 @@ from aiohttp import web
 
 from ..domain.errors import InvalidInput, RequestTimeout
 from ..domain.ids import check_id
+from ..domain.placement import client_region
 from .state import STATE
 
 STREAM = "/runs/{run_id}/streams/{stream_id}"
@@ -67,3 +68,14 @@ async def chunks_with_idle_timeout(request: web.Request, seconds: float) -> Asyn
         if not chunk:
             return
         yield chunk
+
+
+def client_region_of(request: web.Request) -> str:
+    settings = request.config_dict[STATE].settings
+    return client_region(
+        request.remote,
+        request.headers.get("X-Forwarded-For"),
+        settings.region_cidrs,
+        settings.trusted_proxies,
+        settings.region,
+    )

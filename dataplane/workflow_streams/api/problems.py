@@ -42,6 +42,7 @@ STATUS: dict[type[errors.StreamError], int] = {
     errors.ObjectRegionUnavailable: 503,
     errors.StreamHeld: 409,
     errors.RequestTimeout: 408,
+    errors.PlacementViolation: 403,
     errors.TooManySubscriptions: 429,
 }
 

@@ -9,10 +9,11 @@ from ..domain.cursor import parse_cursor
 from ..domain.errors import Forbidden, InvalidInput
 from ..domain.ids import check_id
 from ..domain.pins import parse_pins
+from ..domain.placement import check_metadata_home
 from ..domain.records import parse_append_body
 from ..holds import apply_legal_hold
 from ..store import appends, consumers, definitions, deliveries, reads
-from .common import STREAM, json_object, json_response, read_json, stream_key
+from .common import STREAM, client_region_of, json_object, json_response, read_json, stream_key
 from .state import principal_of, state_of
 
 routes = web.RouteTableDef()
@@ -47,6 +48,7 @@ async def create_stream(request: web.Request) -> web.Response:
         raise InvalidInput("stream_id must be a string", field="stream_id")
     stream_id = check_id("stream_id", body["stream_id"])
     pins = parse_pins(body["pins"])
+    check_metadata_home(pins, app.settings.metadata_region)
     async with app.pool.acquire() as conn:
         definition, created = await definitions.create_definition(conn, run_id, stream_id, pins, principal.name)
     if not created and not may_see(definition.pins.authorization, principal):
@@ -87,7 +89,9 @@ async def read(request: web.Request) -> web.Response:
     after = parse_cursor(request.query.get("after"))
     limit = _limit(request)
     async with app.pool.acquire() as conn:
-        page = await reads.read_page(conn, run_id, stream_id, after, limit, principal)
+        page = await reads.read_page(
+            conn, run_id, stream_id, after, limit, principal, "read", client_region_of(request)
+        )
     return json_response(
         {
             "records": [reads.record_json(r) for r in page.records],

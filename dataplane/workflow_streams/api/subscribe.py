@@ -24,7 +24,7 @@ from ..domain.cursor import parse_cursor
 from ..domain.errors import InvalidInput, StreamError, TooManySubscriptions
 from ..store import gaps, reads, wakes
 from ..store.db import DB_UNAVAILABLE
-from .common import STREAM, stream_key
+from .common import STREAM, client_region_of, stream_key
 from .state import STREAMING, principal_of, state_of
 
 log = logging.getLogger(__name__)
@@ -74,7 +74,9 @@ async def subscribe(request: web.Request) -> web.StreamResponse:
     with _subscription_slot(request, principal.name), app.hub.watch(wakes.RECORDS, run_id, stream_id) as wake:
         # the first read validates cursor and rights, so errors are ordinary HTTP responses
         async with app.pool.acquire() as conn:
-            page = await reads.read_page(conn, run_id, stream_id, after, PAGE, principal, "subscribe")
+            page = await reads.read_page(
+                conn, run_id, stream_id, after, PAGE, principal, "subscribe", client_region_of(request)
+            )
         response = await _start_event_stream(request)
         last = after
         try:

@@ -141,3 +141,9 @@ class RequestTimeout(StreamError):
 
 class TooManySubscriptions(StreamError):
     code = "too_many_subscriptions"
+
+
+class PlacementViolation(StreamError):
+    """The pins do not allow this here: a client outside the egress regions, metadata outside its home."""
+
+    code = "placement_violation"

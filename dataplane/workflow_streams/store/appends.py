@@ -21,6 +21,7 @@ from ..domain.errors import (
 )
 from ..domain.pins import Credit
 from ..domain.records import RecordIn, request_digest
+from ..payloadlog import log_payload
 from . import wakes
 from .definitions import lock_stream, pins_of
 
@@ -169,6 +170,8 @@ async def append_locked(
         )
     # delivered by Postgres only after COMMIT: a wake never precedes the durable records
     await conn.execute("SELECT pg_notify($1, $2)", wakes.RECORDS, wakes.payload(run_id, stream_id, first, last))
+    for sequence, record in zip(sequences, records, strict=True):
+        log_payload(f"appended {run_id}/{stream_id}/{sequence}", pins, record.payload, record.content_type)
     return AppendResult(first, last, replayed=False)
 
 

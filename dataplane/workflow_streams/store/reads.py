@@ -12,6 +12,7 @@ import asyncpg
 from ..domain.authz import Action, Principal, require
 from ..domain.cursor import Bounds, check_cursor
 from ..domain.errors import StreamNotFound
+from ..domain.placement import check_egress
 from ..domain.records import is_json
 from .definitions import pins_of
 
@@ -52,6 +53,7 @@ async def read_page(
     limit: int,
     principal: Principal,
     action: Action = "read",
+    client_region: str | None = None,
 ) -> Page:
     """Records with sequence > after, ascending. Bounds and records come from one snapshot, so a
     concurrent prune can never turn into a silent gap."""
@@ -64,7 +66,10 @@ async def read_page(
         )
         if row is None:
             raise StreamNotFound("no such stream")
-        require(pins_of(row).authorization, principal, action)
+        pins = pins_of(row)
+        require(pins.authorization, principal, action)
+        if client_region is not None:
+            check_egress(pins, client_region)
         bounds = Bounds(earliest=row["earliest_sequence"], latest=row["last_sequence"])
         check_cursor(after, bounds)
         records = await conn.fetch(
