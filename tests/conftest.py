@@ -5,12 +5,15 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import asyncpg
 import pytest
+import yaml
 from aiohttp.test_utils import TestClient
 
+from tests.controlplane import ControlPlane, KindPlane, binaries_present, kind_available
 from tests.minio import ACCESS_KEY, SECRET_KEY, MinioServer, minio_binary
 from tests.support import TOKENS, StreamsApi
 from workflow_streams.api.app import create_app
@@ -20,6 +23,7 @@ from workflow_streams.objectstore import RegionConfig
 from workflow_streams.store.migrate import apply_migrations
 
 TEMPLATE = "wfs_template"
+REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="session")
@@ -118,3 +122,39 @@ def s3_regions(minio: MinioServer) -> dict[str, RegionConfig]:
             create_bucket=True,
         )
     }
+
+
+@pytest.fixture(scope="session", params=["envtest", "kind"])
+def kube(request: pytest.FixtureRequest) -> Iterator[ControlPlane]:
+    """Every test runs on the local etcd + kube-apiserver, and on kind where Docker and kind exist."""
+    if request.param == "kind":
+        if not kind_available():
+            pytest.skip("kind needs a running Docker engine, which this machine lacks")
+        plane: ControlPlane = KindPlane()
+    else:
+        if not binaries_present():
+            pytest.fail("etcd/kube-apiserver are not built: scripts/bootstrap builds them")
+        plane = ControlPlane()
+    plane.start()
+    plane.kubectl("apply", "-f", str(REPO / "crds"))
+    plane.kubectl("wait", "--for=condition=Established", "crd", "--all", "--timeout=60s")
+    plane.kubectl("apply", "-f", str(REPO / "charts/workflow-streams/templates/legal-hold-clusterrole.yaml"))
+    yield plane
+    plane.stop()
+
+
+@pytest.fixture
+def namespace(kube: ControlPlane) -> str:
+    name = f"t-{uuid.uuid4().hex[:8]}"
+    kube.kubectl("create", "namespace", name)
+    kube.kubectl(
+        "apply",
+        "-n",
+        name,
+        "-f",
+        "-",
+        input=yaml.safe_dump(
+            {"apiVersion": "kopf.dev/v1", "kind": "KopfPeering", "metadata": {"name": "workflow-streams"}}
+        ),
+    )
+    return name

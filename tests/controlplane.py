@@ -289,3 +289,34 @@ class KindPlane(ControlPlane):
     def stop(self) -> None:
         self.cluster.delete()
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def sign_service_account_token(
+    key_pem: bytes, namespace: str, name: str, uid: str, audience: str, expires_in: int
+) -> str:
+    """A service-account JWT shaped like the API server's own, signed with ``key_pem``. With the
+    control plane's signing key and a past expiry it is a genuinely expired token; with another key,
+    a forgery."""
+    import base64
+    import json as _json
+
+    from cryptography.hazmat.primitives.asymmetric import padding
+
+    def b64(data: bytes) -> str:
+        return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+    now = int(time.time())
+    claims = {
+        "iss": AUDIENCE,
+        "sub": f"system:serviceaccount:{namespace}:{name}",
+        "aud": [audience],
+        "iat": now - 3600,
+        "nbf": now - 3600,
+        "exp": now + expires_in,
+        "kubernetes.io": {"namespace": namespace, "serviceaccount": {"name": name, "uid": uid}},
+    }
+    signing_input = f"{b64(_json.dumps({'alg': 'RS256', 'typ': 'JWT'}).encode())}.{b64(_json.dumps(claims).encode())}"
+    key = serialization.load_pem_private_key(key_pem, password=None)
+    assert isinstance(key, rsa.RSAPrivateKey)
+    signature = key.sign(signing_input.encode(), padding.PKCS1v15(), hashes.SHA256())
+    return f"{signing_input}.{b64(signature)}"

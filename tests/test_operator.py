@@ -9,7 +9,6 @@ import os
 import subprocess
 import sys
 import time
-import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,7 @@ import pytest
 import yaml
 from aiobotocore.session import get_session
 
-from tests.controlplane import ControlPlane, KindPlane, binaries_present, kind_available
+from tests.controlplane import ControlPlane
 from tests.support import ObjectsApi, StreamsApi
 from workflow_streams.api.app import create_app
 from workflow_streams.objectstore import RegionConfig
@@ -28,42 +27,6 @@ from workflow_streams_operator.bucketpolicy import statement_id
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(scope="session", params=["envtest", "kind"])
-def kube(request: pytest.FixtureRequest) -> Iterator[ControlPlane]:
-    """Every test runs on the local etcd + kube-apiserver, and on kind where Docker and kind exist."""
-    if request.param == "kind":
-        if not kind_available():
-            pytest.skip("kind needs a running Docker engine, which this machine lacks")
-        plane: ControlPlane = KindPlane()
-    else:
-        if not binaries_present():
-            pytest.fail("etcd/kube-apiserver are not built: scripts/bootstrap builds them")
-        plane = ControlPlane()
-    plane.start()
-    plane.kubectl("apply", "-f", str(REPO / "crds"))
-    plane.kubectl("wait", "--for=condition=Established", "crd", "--all", "--timeout=60s")
-    plane.kubectl("apply", "-f", str(REPO / "charts/workflow-streams/templates/legal-hold-clusterrole.yaml"))
-    yield plane
-    plane.stop()
-
-
-@pytest.fixture
-def namespace(kube: ControlPlane) -> str:
-    name = f"t-{uuid.uuid4().hex[:8]}"
-    kube.kubectl("create", "namespace", name)
-    kube.kubectl(
-        "apply",
-        "-n",
-        name,
-        "-f",
-        "-",
-        input=yaml.safe_dump(
-            {"apiVersion": "kopf.dev/v1", "kind": "KopfPeering", "metadata": {"name": "workflow-streams"}}
-        ),
-    )
-    return name
 
 
 class Operator:

@@ -8,8 +8,24 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .api.kubeauth import IN_CLUSTER, KubeAuthSettings
 from .domain.authz import Principal
 from .objectstore import RegionConfig
+
+
+def kube_auth_from_env(env: Mapping[str, str]) -> KubeAuthSettings | None:
+    """Enabled by WFS_TOKEN_AUDIENCES; in a pod the API server and credentials are found as usual."""
+    audiences = tuple(a for a in env.get("WFS_TOKEN_AUDIENCES", "").split(",") if a)
+    if not audiences:
+        return None
+    in_cluster = f"https://{env.get('KUBERNETES_SERVICE_HOST', '')}:{env.get('KUBERNETES_SERVICE_PORT', '443')}"
+    return KubeAuthSettings(
+        api_url=env.get("WFS_KUBE_API_URL", in_cluster),
+        ca_file=env.get("WFS_KUBE_CA_FILE", str(IN_CLUSTER / "ca.crt")),
+        token_file=env.get("WFS_KUBE_TOKEN_FILE", str(IN_CLUSTER / "token")),
+        audiences=audiences,
+        cache_seconds=float(env.get("WFS_TOKEN_CACHE_SECONDS", "30")),
+    )
 
 
 def parse_regions(text: str) -> dict[str, RegionConfig]:
@@ -67,6 +83,8 @@ class Settings:
     s3_regions: Mapping[str, RegionConfig] = field(default_factory=dict)
     # orphan expiry and deletion sweep interval (0 disables it in this process)
     janitor_interval_seconds: float = 10.0
+    # Kubernetes service-account tokens through TokenReview (unset: static tokens only)
+    kube_auth: KubeAuthSettings | None = None
     # how the LISTEN connection names itself in pg_stat_activity
     listen_application_name: str = "wfs-listen"
 
@@ -100,6 +118,7 @@ class Settings:
             wait_service_url=env.get("WFS_WAIT_SERVICE_URL") or None,
             s3_regions=parse_regions(env["WFS_S3_REGIONS"]) if env.get("WFS_S3_REGIONS") else {},
             janitor_interval_seconds=float(env.get("WFS_JANITOR_INTERVAL_SECONDS", "10")),
+            kube_auth=kube_auth_from_env(env),
             worker_lease_seconds=float(env.get("WFS_WORKER_LEASE_SECONDS", "15")),
             delivery_timeout_seconds=float(env.get("WFS_DELIVERY_TIMEOUT_SECONDS", "5")),
             delivery_backoff_base_seconds=float(env.get("WFS_DELIVERY_BACKOFF_BASE_SECONDS", "0.5")),

@@ -21,6 +21,7 @@ from ..workers.objects import run_janitor
 from ..workers.pruner import run_pruner
 from . import objects, streams, subscribe
 from .auth import TokenAuthenticator
+from .kubeauth import TokenReviewer
 from .problems import problem_middleware
 from .state import STATE, AppState
 
@@ -65,7 +66,8 @@ def create_app(settings: Settings) -> web.Application:
         if settings.s3_regions:
             store = ObjectStore(settings.s3_regions)
             await store.open()
-        app[STATE] = AppState(settings, pool, hub, TokenAuthenticator(settings.tokens), store)
+        reviewer = TokenReviewer(settings.kube_auth) if settings.kube_auth else None
+        app[STATE] = AppState(settings, pool, hub, TokenAuthenticator(settings.tokens, reviewer), store)
         tasks = []
         if store is not None and settings.janitor_interval_seconds > 0:
             tasks.append(asyncio.create_task(run_janitor(pool, store, settings.janitor_interval_seconds)))
@@ -80,6 +82,8 @@ def create_app(settings: Settings) -> web.Application:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         await hub.stop()
+        if reviewer is not None:
+            await reviewer.close()
         if store is not None:
             await store.close()
         await pool.close()

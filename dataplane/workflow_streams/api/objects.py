@@ -39,7 +39,7 @@ def _intent_id(request: web.Request) -> str:
 @routes.post(STREAM + "/objects/prepare")
 async def prepare(request: web.Request) -> web.Response:
     app = state_of(request)
-    principal = principal_of(request)
+    principal = await principal_of(request)
     run_id, stream_id = stream_key(request)
     pins = parse_prepare(await read_json(request))
     store = _store(app)
@@ -55,7 +55,7 @@ async def prepare(request: web.Request) -> web.Response:
 @routes.get(INTENT)
 async def get(request: web.Request) -> web.Response:
     app = state_of(request)
-    principal = principal_of(request)
+    principal = await principal_of(request)
     run_id, stream_id = stream_key(request)
     async with app.pool.acquire() as conn:
         row = await objects.get_intent(conn, run_id, stream_id, _intent_id(request), principal)
@@ -66,7 +66,7 @@ async def get(request: web.Request) -> web.Response:
 async def upload(request: web.Request) -> web.Response:
     """Streams the body to S3 in parts; size and sha256 are verified before anything becomes visible."""
     app = state_of(request)
-    principal = principal_of(request)
+    principal = await principal_of(request)
     run_id, stream_id = stream_key(request)
     intent_id = _intent_id(request)
     store = _store(app)
@@ -90,7 +90,7 @@ async def upload(request: web.Request) -> web.Response:
 @routes.post(INTENT + "/commit")
 async def commit(request: web.Request) -> web.Response:
     app = state_of(request)
-    principal = principal_of(request)
+    principal = await principal_of(request)
     run_id, stream_id = stream_key(request)
     intent_id = _intent_id(request)
     store = _store(app)
@@ -123,7 +123,7 @@ async def commit(request: web.Request) -> web.Response:
 @routes.post(INTENT + "/abort")
 async def abort(request: web.Request) -> web.Response:
     app = state_of(request)
-    principal = principal_of(request)
+    principal = await principal_of(request)
     run_id, stream_id = stream_key(request)
     async with app.pool.acquire() as conn:
         state = await objects.abort(conn, run_id, stream_id, _intent_id(request), principal)

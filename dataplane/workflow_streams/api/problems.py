@@ -43,6 +43,7 @@ STATUS: dict[type[errors.StreamError], int] = {
     errors.StreamHeld: 409,
     errors.RequestTimeout: 408,
     errors.PlacementViolation: 403,
+    errors.AuthUnavailable: 503,
     errors.TooManySubscriptions: 429,
 }
 

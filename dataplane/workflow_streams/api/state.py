@@ -32,5 +32,5 @@ def state_of(request: web.Request) -> AppState:
     return request.config_dict[STATE]
 
 
-def principal_of(request: web.Request, allow_query_token: bool = False) -> Principal:
-    return state_of(request).authenticator.authenticate(request, allow_query_token)
+async def principal_of(request: web.Request, allow_query_token: bool = False) -> Principal:
+    return await state_of(request).authenticator.authenticate(request, allow_query_token)

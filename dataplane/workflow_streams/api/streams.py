@@ -41,7 +41,7 @@ def _idempotency_key(request: web.Request) -> str | None:
 @routes.post("/runs/{run_id}/streams")
 async def create_stream(request: web.Request) -> web.Response:
     app = state_of(request)
-    principal = principal_of(request)
+    principal = await principal_of(request)
     run_id = check_id("run_id", request.match_info["run_id"])
     body = json_object(await read_json(request), {"stream_id", "pins"}, {"stream_id", "pins"})
     if not isinstance(body["stream_id"], str):
@@ -60,7 +60,7 @@ async def create_stream(request: web.Request) -> web.Response:
 @routes.get(STREAM, name="get_stream")
 async def get_stream(request: web.Request) -> web.Response:
     app = state_of(request)
-    principal = principal_of(request)
+    principal = await principal_of(request)
     run_id, stream_id = stream_key(request)
     async with app.pool.acquire() as conn:
         definition, state = await definitions.get_stream(conn, run_id, stream_id)
@@ -72,7 +72,7 @@ async def get_stream(request: web.Request) -> web.Response:
 @routes.post(STREAM + "/records")
 async def append(request: web.Request) -> web.Response:
     app = state_of(request)
-    principal = principal_of(request)
+    principal = await principal_of(request)
     run_id, stream_id = stream_key(request)
     key = _idempotency_key(request)
     records = parse_append_body(await read_json(request))
@@ -84,7 +84,7 @@ async def append(request: web.Request) -> web.Response:
 @routes.get(STREAM + "/records")
 async def read(request: web.Request) -> web.Response:
     app = state_of(request)
-    principal = principal_of(request)
+    principal = await principal_of(request)
     run_id, stream_id = stream_key(request)
     after = parse_cursor(request.query.get("after"))
     limit = _limit(request)
@@ -106,7 +106,7 @@ async def read(request: web.Request) -> web.Response:
 @routes.post(STREAM + "/consumers/{consumer_id}/ack")
 async def ack(request: web.Request) -> web.Response:
     app = state_of(request)
-    principal = principal_of(request)
+    principal = await principal_of(request)
     run_id, stream_id = stream_key(request)
     consumer_id = check_id("consumer_id", request.match_info["consumer_id"])
     body = json_object(await read_json(request), {"sequence"}, {"sequence"})
@@ -121,7 +121,7 @@ async def ack(request: web.Request) -> web.Response:
 @routes.post(STREAM + "/close")
 async def close(request: web.Request) -> web.Response:
     app = state_of(request)
-    principal = principal_of(request)
+    principal = await principal_of(request)
     run_id, stream_id = stream_key(request)
     async with app.pool.acquire() as conn:
         state = await definitions.close_stream(conn, run_id, stream_id, principal)
@@ -131,7 +131,7 @@ async def close(request: web.Request) -> web.Response:
 @routes.put(STREAM + "/legal-hold")
 async def legal_hold(request: web.Request) -> web.Response:
     app = state_of(request)
-    principal = principal_of(request)
+    principal = await principal_of(request)
     run_id, stream_id = stream_key(request)
     body = json_object(await read_json(request), {"enabled", "reason", "hold_id"}, {"enabled"})
     enabled, reason, hold_id = body["enabled"], body.get("reason", ""), body.get("hold_id", "default")
@@ -153,7 +153,7 @@ async def legal_hold(request: web.Request) -> web.Response:
 async def delivery_status(request: web.Request) -> web.Response:
     """Input delivery progress: counts by state, failed rows (they block the stream), the next due."""
     app = state_of(request)
-    principal = principal_of(request)
+    principal = await principal_of(request)
     run_id, stream_id = stream_key(request)
     async with app.pool.acquire() as conn:
         definition, _ = await definitions.get_stream(conn, run_id, stream_id)
@@ -165,7 +165,7 @@ async def delivery_status(request: web.Request) -> web.Response:
 async def requeue_deliveries(request: web.Request) -> web.Response:
     """Once the wait service is fixed: failed deliveries are retried, in order."""
     app = state_of(request)
-    principal = principal_of(request)
+    principal = await principal_of(request)
     run_id, stream_id = stream_key(request)
     async with app.pool.acquire() as conn:
         definition, _ = await definitions.get_stream(conn, run_id, stream_id)

@@ -62,7 +62,7 @@ async def _write(response: web.StreamResponse, chunk: bytes) -> None:
 @routes.get(STREAM + "/subscribe")
 async def subscribe(request: web.Request) -> web.StreamResponse:
     app = state_of(request)
-    principal = principal_of(request, allow_query_token=True)
+    principal = await principal_of(request, allow_query_token=True)
     run_id, stream_id = stream_key(request)
     after = _resume_cursor(request)
     unknown = set(request.query) - {"after", "access_token"}

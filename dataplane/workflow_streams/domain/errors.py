@@ -147,3 +147,9 @@ class PlacementViolation(StreamError):
     """The pins do not allow this here: a client outside the egress regions, metadata outside its home."""
 
     code = "placement_violation"
+
+
+class AuthUnavailable(StreamError):
+    """The identity provider (the Kubernetes API server) could not be asked."""
+
+    code = "authentication_unavailable"
