@@ -19,7 +19,7 @@ from ..store.wakes import WakeHub
 from ..workers.dispatcher import Dispatcher, DispatchSettings
 from ..workers.objects import run_janitor
 from ..workers.pruner import run_pruner
-from . import objects, streams, subscribe
+from . import objects, openapi, streams, subscribe
 from .auth import TokenAuthenticator
 from .kubeauth import TokenReviewer
 from .problems import problem_middleware
@@ -92,6 +92,8 @@ def create_app(settings: Settings) -> web.Application:
     api.add_routes(streams.routes)
     api.add_routes(subscribe.routes)
     api.add_routes(objects.routes)
+    api[openapi.OPENAPI] = openapi.document()
+    api.router.add_get("/openapi.json", openapi.serve)
     open_streams: weakref.WeakSet[asyncio.Task[object]] = weakref.WeakSet()
     app[subscribe.OPEN_STREAMS] = open_streams
     app[subscribe.SUBSCRIPTIONS] = collections.Counter()

@@ -112,9 +112,10 @@ class StreamPins(_Pinned):
 
 def parse_pins(raw: object) -> StreamPins:
     """Validate a caller's pins. Raises ForbiddenContentClass or InvalidDefinition (with field errors)."""
-    if isinstance(raw, dict) and raw.get("content_class") in FORBIDDEN_CONTENT_CLASSES:
+    content_class = raw.get("content_class") if isinstance(raw, dict) else None
+    if isinstance(content_class, str) and content_class in FORBIDDEN_CONTENT_CLASSES:
         raise ForbiddenContentClass(
-            f"content class {raw['content_class']!r} is not allowed: raw hidden model reasoning is never "
+            f"content class {content_class!r} is not allowed: raw hidden model reasoning is never "
             "stored; use 'reasoning_summary' for a user-visible summary",
             allowed=list(CONTENT_CLASSES),
         )
