@@ -137,8 +137,8 @@ async def legal_hold(request: web.Request) -> web.Response:
     enabled, reason, hold_id = body["enabled"], body.get("reason", ""), body.get("hold_id", "default")
     if not isinstance(enabled, bool):
         raise InvalidInput("enabled must be a boolean", field="enabled")
-    if not isinstance(reason, str) or len(reason) > 1024 or (enabled and not reason.strip()):
-        raise InvalidInput("reason must be a non-empty string of at most 1024 characters", field="reason")
+    if not isinstance(reason, str) or len(reason) > 1024 or (enabled and not reason.strip()) or "\x00" in reason:
+        raise InvalidInput("reason must be non-empty text of at most 1024 characters", field="reason")
     if not isinstance(hold_id, str):
         raise InvalidInput("hold_id must be a string", field="hold_id")
     check_id("hold_id", hold_id)

@@ -75,8 +75,10 @@ def parse_prepare(body: Any) -> ObjectPins:
     if not isinstance(content_type, str) or not 0 < len(content_type) <= 255 or not content_type.isprintable():
         raise InvalidInput("content_type must be a short printable string", field="content_type")
     schema_ref = body.get("schema_ref")
-    if schema_ref is not None and (not isinstance(schema_ref, str) or not 0 < len(schema_ref) <= 512):
-        raise InvalidInput("schema_ref must be a string of at most 512 characters", field="schema_ref")
+    if schema_ref is not None and (
+        not isinstance(schema_ref, str) or not 0 < len(schema_ref) <= 512 or not schema_ref.isprintable()
+    ):
+        raise InvalidInput("schema_ref must be printable text of at most 512 characters", field="schema_ref")
     region = body.get("region")
     if region is not None and not isinstance(region, str):
         raise InvalidInput("region must be a string", field="region")

@@ -26,7 +26,9 @@ CONTENT_CLASSES = (
 Region = Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9-]{0,62}$")]
 # "*" (any authenticated principal), a user name, or "group:<name>"
 Subject = Annotated[str, StringConstraints(pattern=r"^(\*|(group:)?[A-Za-z0-9][A-Za-z0-9:._@-]{0,252})$")]
-JsonPointer = Annotated[str, StringConstraints(pattern=r"^(/[^/]+)+$", max_length=512)]
+JsonPointer = Annotated[str, StringConstraints(pattern=r"^(/[^/\x00-\x1f\x7f]+)+$", max_length=512)]
+# free text that Postgres stores: no NUL or other control characters
+Text = Annotated[str, StringConstraints(pattern=r"^[^\x00-\x1f\x7f]+$", min_length=1, max_length=512)]
 
 
 class _Pinned(BaseModel):
@@ -94,7 +96,7 @@ class Credit(_Pinned):
 class StreamPins(_Pinned):
     direction: Literal["input", "output"]
     content_class: Literal[CONTENT_CLASSES]  # type: ignore[valid-type]
-    schema_ref: str = Field(min_length=1, max_length=512)
+    schema_ref: Text
     placement: Placement
     retention: Retention = Field(default_factory=Retention)
     redaction: Redaction = Field(default_factory=Redaction)
