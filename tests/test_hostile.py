@@ -167,3 +167,22 @@ async def test_too_many_subscriptions_per_principal(
     assert again.status == 200, "a closed subscription frees its slot"
     for r in [again, *open_[1:]]:
         r.close()
+
+
+async def test_control_characters_in_stored_text(stream: StreamsApi, db: asyncpg.Connection) -> None:
+    """Postgres text cannot hold NUL: refused as input, never a 500 (found by schemathesis)."""
+    bad = pins(schema_ref="schemas/\u0000/v1")
+    body = await expect_unchanged(
+        db, lambda: stream.client.post(stream.url("r"), json={"stream_id": "n", "pins": bad}, headers=ALICE), 422
+    )
+    assert body["errors"][0]["field"] == "schema_ref"
+    await expect_unchanged(db, lambda: stream.hold("r", "s", True, "matter\u0000"), 400)
+    await expect_unchanged(
+        db,
+        lambda: stream.client.post(
+            stream.url("r"),
+            json={"stream_id": "n", "pins": {**pins(), "content_class": {"not": "a string"}}},
+            headers=ALICE,
+        ),
+        422,
+    )
