@@ -143,3 +143,21 @@ async def test_read_requires_read_right(api: StreamsApi) -> None:
     await problem(await api.as_(BOB).read("r", "s"), 403, "forbidden")
     await problem(await api.as_(BOB).append("r", "s", 2), 403, "forbidden")
     await problem(await api.as_({}).read("r", "s"), 401, "unauthenticated")
+
+
+async def test_metrics_are_exposed(api: StreamsApi) -> None:
+    await api.create("r", "s")
+    await api.append("r", "s", 1, 2)
+    await api.read("r", "s")
+    text = await (await api.client.get("/metrics")).text()
+    assert 'wfs_appended_records_total{kind="inline"}' in text
+    assert "wfs_read_records_total" in text
+    assert 'route="/api/workflow-streams/runs/{run_id}/streams/{stream_id}/records"' in text
+    for name in (
+        "wfs_subscriptions_open",
+        "wfs_credit_waits_total",
+        "wfs_backlog_unread_items",
+        "wfs_delivery_outbox_lag_seconds",
+        "wfs_worker_claims_total",
+    ):
+        assert name in text

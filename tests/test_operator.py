@@ -43,6 +43,7 @@ class Operator:
             "WFS_REGION_CIDRS": json.dumps({"eu-west-1": ["10.20.0.0/16"], "eu-central-1": ["10.30.0.0/16"]}),
             "WFS_OPERATOR_NAMESPACE": namespace,
             "WFS_OPERATOR_PEERING_LIFETIME": "10",
+            "WFS_OPERATOR_METRICS_PORT": "0",
         }
         self.log_path = log
         self.proc: subprocess.Popen[bytes] | None = None

@@ -85,6 +85,8 @@ class Settings:
     janitor_interval_seconds: float = 10.0
     # Kubernetes service-account tokens through TokenReview (unset: static tokens only)
     kube_auth: KubeAuthSettings | None = None
+    # backlog and outbox gauges are sampled from Postgres this often
+    metrics_sample_seconds: float = 15.0
     # how the LISTEN connection names itself in pg_stat_activity
     listen_application_name: str = "wfs-listen"
 

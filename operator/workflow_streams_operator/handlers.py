@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import kopf
+import prometheus_client
 from botocore.exceptions import BotoCoreError, ClientError
 
 from workflow_streams.config import parse_regions
@@ -38,6 +39,10 @@ STREAMS, HOLDS = "workflowstreams", "streamlegalholds"
 OPERATOR = "system:workflow-streams-operator"
 RETRY_SECONDS = 5
 S3_ERRORS = (ClientError, BotoCoreError)
+RECONCILES = prometheus_client.Counter(
+    "wfs_operator_reconciles_total", "WorkflowStream reconciles by outcome", ["resource", "outcome"]
+)
+HOLDS_APPLIED = prometheus_client.Counter("wfs_operator_holds_total", "Legal holds placed or released", ["action"])
 
 
 @kopf.on.startup()
@@ -59,6 +64,9 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: kopf
         await memo.store.open()
     memo.region_cidrs = json.loads(os.environ.get("WFS_REGION_CIDRS", "{}"))
     memo.bucket_locks = collections.defaultdict(asyncio.Lock)
+    metrics_port = int(os.environ.get("WFS_OPERATOR_METRICS_PORT", "8081"))
+    if metrics_port:
+        prometheus_client.start_http_server(metrics_port)
     logger.info("operator ready: %d object regions", len(regions))
 
 
@@ -106,6 +114,7 @@ async def reconcile_stream(
     except (PinsConflict, StreamError) as exc:
         mark("DefinitionSynced", False, _reason(exc.code), exc.detail)
         mark("Ready", False, "DefinitionNotSynced", exc.detail)
+        RECONCILES.labels("workflowstream", "permanent_error").inc()
         raise kopf.PermanentError(f"{exc.code}: {exc.detail}") from None
     except DB_UNAVAILABLE as exc:
         mark("DefinitionSynced", False, "DatabaseUnavailable", str(exc))
@@ -124,6 +133,7 @@ async def reconcile_stream(
         raise kopf.TemporaryError(f"bucket policy: {exc}", delay=RETRY_SECONDS) from None
     mark("BucketPolicySynced", True, "Applied", f"residency statement on {synced} bucket(s)")
     mark("Ready", True, "Reconciled", "definition and bucket policies are in place")
+    RECONCILES.labels("workflowstream", "ready").inc()
 
 
 async def _sync_bucket_policies(
@@ -229,6 +239,7 @@ async def place_hold(
         raise kopf.TemporaryError("the stream has no definition yet", delay=RETRY_SECONDS) from None
     except (*DB_UNAVAILABLE, *S3_ERRORS) as exc:
         raise kopf.TemporaryError(f"hold not yet applied: {exc}", delay=RETRY_SECONDS) from None
+    HOLDS_APPLIED.labels("place").inc()
     patch.status["conditions"] = set_condition(
         [], "Applied", True, "Held", f"stream {run_id}/{stream_id} is held", meta.get("generation")
     )

@@ -6,17 +6,21 @@ import asyncio
 import collections
 import contextlib
 import logging
+import time
 import weakref
 from collections.abc import AsyncIterator
+from typing import Any
 
 from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from .. import API_PREFIX, payloadlog
+from .. import API_PREFIX, metrics, payloadlog
 from ..config import Settings
 from ..objectstore import ObjectStore
 from ..store.db import create_pool
 from ..store.wakes import WakeHub
 from ..workers.dispatcher import Dispatcher, DispatchSettings
+from ..workers.metrics_sampler import run_sampler
 from ..workers.objects import run_janitor
 from ..workers.pruner import run_pruner
 from . import objects, openapi, streams, subscribe
@@ -26,6 +30,29 @@ from .problems import problem_middleware
 from .state import STATE, AppState
 
 log = logging.getLogger(__name__)
+
+
+@web.middleware
+async def metrics_middleware(request: web.Request, handler: Any) -> web.StreamResponse:
+    route = request.match_info.route.resource
+    name = route.canonical if route is not None else "unmatched"
+    started = time.perf_counter()
+    status = 500
+    try:
+        response: web.StreamResponse = await handler(request)
+        status = response.status
+        return response
+    except web.HTTPException as exc:
+        status = exc.status
+        raise
+    finally:
+        metrics.HTTP_REQUESTS.labels(name, request.method, str(status)).inc()
+        if not name.endswith("/subscribe"):  # a subscription's duration is not a latency
+            metrics.HTTP_SECONDS.labels(name, request.method).observe(time.perf_counter() - started)
+
+
+async def _metrics(request: web.Request) -> web.Response:
+    return web.Response(body=generate_latest(), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
 async def _health(request: web.Request) -> web.Response:
@@ -53,7 +80,9 @@ def dispatch_settings(settings: Settings) -> DispatchSettings:
 
 
 def create_app(settings: Settings) -> web.Application:
-    app = web.Application(client_max_size=settings.max_request_bytes, middlewares=[problem_middleware])
+    app = web.Application(
+        client_max_size=settings.max_request_bytes, middlewares=[metrics_middleware, problem_middleware]
+    )
 
     async def resources(app: web.Application) -> AsyncIterator[None]:
         payloadlog.install(settings.region)
@@ -69,6 +98,7 @@ def create_app(settings: Settings) -> web.Application:
         reviewer = TokenReviewer(settings.kube_auth) if settings.kube_auth else None
         app[STATE] = AppState(settings, pool, hub, TokenAuthenticator(settings.tokens, reviewer), store)
         tasks = []
+        tasks.append(asyncio.create_task(run_sampler(pool, settings.metrics_sample_seconds)))
         if store is not None and settings.janitor_interval_seconds > 0:
             tasks.append(asyncio.create_task(run_janitor(pool, store, settings.janitor_interval_seconds)))
         if settings.prune_interval_seconds > 0:
@@ -101,5 +131,6 @@ def create_app(settings: Settings) -> web.Application:
     app.cleanup_ctx.append(resources)
     app.router.add_get("/healthz", _health)
     app.router.add_get("/readyz", _ready)
+    app.router.add_get("/metrics", _metrics)
     app.add_subapp(API_PREFIX, api)
     return app

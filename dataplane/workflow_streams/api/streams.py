@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from .. import metrics
 from ..domain.authz import may_see, require
 from ..domain.cursor import parse_cursor
 from ..domain.errors import Forbidden, InvalidInput
@@ -76,7 +77,8 @@ async def append(request: web.Request) -> web.Response:
     run_id, stream_id = stream_key(request)
     key = _idempotency_key(request)
     records = parse_append_body(await read_json(request))
-    result = await appends.append_records(app.pool, app.hub, run_id, stream_id, records, principal, key)
+    with metrics.APPEND_SECONDS.time():
+        result = await appends.append_records(app.pool, app.hub, run_id, stream_id, records, principal, key)
     headers = {"Idempotent-Replayed": "true"} if result.replayed else None
     return json_response(result.to_json(), status=200 if result.replayed else 201, headers=headers)
 
@@ -92,6 +94,7 @@ async def read(request: web.Request) -> web.Response:
         page = await reads.read_page(
             conn, run_id, stream_id, after, limit, principal, "read", client_region_of(request)
         )
+    metrics.READ_RECORDS.inc(len(page.records))
     return json_response(
         {
             "records": [reads.record_json(r) for r in page.records],

@@ -19,6 +19,7 @@ from collections.abc import Iterator
 import asyncpg
 from aiohttp import web
 
+from .. import metrics
 from ..domain.authz import Principal
 from ..domain.cursor import parse_cursor
 from ..domain.errors import InvalidInput, StreamError, TooManySubscriptions
@@ -111,9 +112,11 @@ def _subscription_slot(request: web.Request, principal: str) -> Iterator[None]:
     if counts[principal] >= limit:
         raise TooManySubscriptions(f"at most {limit} open subscriptions per principal", limit=limit)
     counts[principal] += 1
+    metrics.SUBSCRIPTIONS_OPEN.inc()
     try:
         yield
     finally:
+        metrics.SUBSCRIPTIONS_OPEN.dec()
         counts[principal] -= 1
         if not counts[principal]:
             del counts[principal]
@@ -141,6 +144,7 @@ async def _deliver(response: web.StreamResponse, page: reads.Page, last: int) ->
     fresh = [r for r in page.records if r["sequence"] > last]
     if fresh:
         await _write(response, b"".join(_event(r) for r in fresh))
+        metrics.SUBSCRIPTION_EVENTS.inc(len(fresh))
         return int(fresh[-1]["sequence"])
     return last
 

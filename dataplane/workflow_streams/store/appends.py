@@ -9,6 +9,7 @@ from typing import Any, TypeVar
 
 import asyncpg
 
+from .. import metrics
 from ..domain import credit
 from ..domain.authz import Principal, require
 from ..domain.delivery import event_id
@@ -170,6 +171,8 @@ async def append_locked(
         )
     # delivered by Postgres only after COMMIT: a wake never precedes the durable records
     await conn.execute("SELECT pg_notify($1, $2)", wakes.RECORDS, wakes.payload(run_id, stream_id, first, last))
+    for record in records:
+        metrics.APPENDED_RECORDS.labels(record.kind).inc()
     for sequence, record in zip(sequences, records, strict=True):
         log_payload(f"appended {run_id}/{stream_id}/{sequence}", pins, record.payload, record.content_type)
     return AppendResult(first, last, replayed=False)
@@ -177,6 +180,8 @@ async def append_locked(
 
 def _check_credit(pins_credit: Credit, usage: credit.Usage, records: list[RecordIn]) -> None:
     verdict = credit.decide(pins_credit, usage, len(records), sum(r.size for r in records))
+    if verdict is not credit.Verdict.ALLOW:
+        metrics.CREDIT_REJECTIONS.labels(verdict.value).inc()
     if verdict is credit.Verdict.QUOTA_EXHAUSTED:
         raise QuotaExhausted(
             "the stream's total quota is exhausted; nothing was appended",
@@ -210,6 +215,7 @@ async def with_credit_wait(hub: wakes.WakeHub, run_id: str, stream_id: str, atte
                 remaining = started + exc.block_seconds - loop.time()
                 if remaining <= 0:
                     raise
+                metrics.CREDIT_WAITS.inc()
                 await acked.wait(min(remaining, _ACK_POLL_SECONDS))
 
 

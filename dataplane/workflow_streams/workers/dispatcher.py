@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import aiohttp
 import asyncpg
 
+from .. import metrics
 from ..domain.delivery import Outcome, backoff_seconds, classify, event_body
 from ..store import claims, deliveries, wakes
 from ..store.db import DB_UNAVAILABLE
@@ -75,9 +76,12 @@ class Dispatcher:
         limit = self.settings.concurrency
         async with self.pool.acquire() as conn:
             keys = await claims.take_over_expired(conn, KIND, self.holder, self.lease, limit)
+            metrics.WORKER_CLAIMS.labels(KIND, "takeover").inc(len(keys))
             if len(keys) < limit:
                 due = await deliveries.due_streams(conn, KIND, limit - len(keys))
-                keys += await claims.claim(conn, KIND, self.holder, self.lease, due)
+                fresh = await claims.claim(conn, KIND, self.holder, self.lease, due)
+                metrics.WORKER_CLAIMS.labels(KIND, "new").inc(len(fresh))
+                keys += fresh
         if keys:
             await asyncio.gather(*(self._deliver_stream(http, key) for key in keys))
         return bool(keys)
@@ -122,6 +126,7 @@ class Dispatcher:
         error: str,
     ) -> None:
         sequence, attempts = row["sequence"], row["attempts"] + 1
+        metrics.DELIVERIES.labels(outcome.value).inc()
         if outcome is Outcome.DELIVERED:
             await deliveries.mark_delivered(conn, run_id, stream_id, sequence)
             self.delivered += 1
