@@ -1,0 +1,42 @@
+{{- define "wfs.name" -}}workflow-streams{{- end -}}
+
+{{- define "wfs.fullname" -}}
+{{- if contains "workflow-streams" .Release.Name -}}{{ .Release.Name | trunc 50 | trimSuffix "-" }}
+{{- else -}}{{ printf "%s-workflow-streams" .Release.Name | trunc 50 | trimSuffix "-" }}{{- end -}}
+{{- end -}}
+
+{{- define "wfs.labels" -}}
+app.kubernetes.io/name: {{ include "wfs.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end -}}
+
+{{- define "wfs.selector" -}}
+app.kubernetes.io/name: {{ include "wfs.name" .root }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{- define "wfs.image" -}}{{ .Values.image.repository }}:{{ .Values.image.tag }}{{- end -}}
+
+{{/* environment shared by every component */}}
+{{- define "wfs.env" -}}
+- name: WFS_DATABASE_URL
+  valueFrom:
+    secretKeyRef: {name: {{ .Values.postgres.existingSecret }}, key: {{ .Values.postgres.key }}}
+- name: WFS_REGION
+  value: {{ .Values.region | quote }}
+{{- if .Values.metadataRegion }}
+- name: WFS_METADATA_REGION
+  value: {{ .Values.metadataRegion | quote }}
+{{- end }}
+- name: WFS_REGION_CIDRS
+  value: {{ .Values.regionCidrs | toJson | quote }}
+{{- if .Values.objectStore.existingSecret }}
+- name: WFS_S3_REGIONS
+  valueFrom:
+    secretKeyRef: {name: {{ .Values.objectStore.existingSecret }}, key: {{ .Values.objectStore.key }}}
+{{- end }}
+{{- end -}}
