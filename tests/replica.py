@@ -18,10 +18,10 @@ from workflow_streams.localpg import free_port
 class Replica:
     """``workflow-streams serve`` as a separate OS process."""
 
-    def __init__(self, database_url: str, log_path: Path, **env_overrides: str) -> None:
-        self.port = free_port()
+    def __init__(self, database_url: str, log_path: Path, port: int | None = None, **env_overrides: str) -> None:
+        self.port = port or free_port()
         self.log_path = log_path
-        self._log = log_path.open("wb")
+        self._log = log_path.open("ab")
         env = {
             **os.environ,
             "WFS_DATABASE_URL": database_url,

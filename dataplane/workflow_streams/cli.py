@@ -82,8 +82,11 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("serve", help="serve the data plane, configured from WFS_* env").set_defaults(func=cmd_serve)
     sub.add_parser("migrate", help="apply pending migrations to WFS_DATABASE_URL").set_defaults(func=cmd_migrate)
     sub.add_parser("operator", help="run the Kopf operator (KUBECONFIG or in-cluster)").set_defaults(func=cmd_operator)
+    from .client.cli import add_commands
+
+    add_commands(sub)
     args = parser.parse_args(argv)
-    if args.command != "operator":  # Kopf configures its own logging
+    if args.command in ("dev", "serve", "migrate"):  # Kopf configures its own; client commands stay quiet
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     return int(args.func(args))
 

@@ -66,7 +66,9 @@ def pins_of(row: asyncpg.Record) -> StreamPins:
     if pins is None:
         if len(_PINS_CACHE) >= _PINS_CACHE_LIMIT:
             _PINS_CACHE.clear()
-        pins = _PINS_CACHE[digest] = StreamPins.model_validate(row["pins"])
+        raw = row["pins"]  # a dict through our pool's jsonb codec, text through a plain connection
+        pins = StreamPins.model_validate_json(raw) if isinstance(raw, str) else StreamPins.model_validate(raw)
+        _PINS_CACHE[digest] = pins
     return pins
 
 

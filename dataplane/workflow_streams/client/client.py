@@ -1,0 +1,265 @@
+"""StreamsClient: append, read, subscribe (with resume), ack, close, objects."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import uuid
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import aiohttp
+
+from .errors import BackpressureError, ProblemError, problem_error
+from .models import AppendResult, Page, Record
+from .sse import Event, iter_events
+
+log = logging.getLogger(__name__)
+PREFIX = "/api/workflow-streams"
+_RETRYABLE = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError)
+
+
+class StreamsClient:
+    """One client per process is enough; it keeps a connection pool.
+
+    ``max_wait``: how long append, commit and subscribe keep retrying through backpressure (429,
+    honouring ``Retry-After``), an unavailable server (503) or a dropped connection.
+    """
+
+    def __init__(
+        self, base_url: str, token: str, *, session: aiohttp.ClientSession | None = None, max_wait: float = 60.0
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self._headers = {"Authorization": f"Bearer {token}"}
+        self._session = session
+        self._own_session = session is None
+        self.max_wait = max_wait
+
+    async def __aenter__(self) -> StreamsClient:
+        return self
+
+    async def __aexit__(self, *exc: tuple[type[BaseException], BaseException, TracebackType] | None) -> None:
+        await self.close_session()
+
+    async def close_session(self) -> None:
+        if self._own_session and self._session is not None:
+            await self._session.close()
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            self._session = aiohttp.ClientSession()
+        return self._session
+
+    def _url(self, run_id: str, stream_id: str | None = None, tail: str = "") -> str:
+        path = f"{self.base_url}{PREFIX}/runs/{run_id}/streams"
+        return path if stream_id is None else f"{path}/{stream_id}{tail}"
+
+    async def _call(self, method: str, url: str, **kwargs: Any) -> tuple[int, Any, float]:
+        """One request: (status, decoded body, Retry-After seconds)."""
+        headers = {**self._headers, **kwargs.pop("headers", {})}
+        async with self.session.request(method, url, headers=headers, **kwargs) as resp:
+            body = await resp.json(content_type=None) if resp.content_length != 0 else None
+            return resp.status, body, float(resp.headers.get("Retry-After", "1"))
+
+    async def _retrying(self, method: str, url: str, **kwargs: Any) -> tuple[int, Any]:
+        """Retry 429 (as told by Retry-After), 503 and connection failures, for up to ``max_wait``."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.max_wait
+        delay = 0.1
+        while True:
+            try:
+                status, body, retry_after = await self._call(method, url, **kwargs)
+            except _RETRYABLE as exc:
+                status, body, retry_after = 0, {"code": "unreachable", "detail": str(exc)}, delay
+            if status and status < 400:
+                return status, body
+            if status not in (0, 429, 503):
+                raise problem_error(status, body or {})
+            wait = retry_after if status == 429 else delay
+            if loop.time() + wait > deadline:
+                if status == 429:
+                    raise BackpressureError(status, body or {}, retry_after)
+                raise problem_error(status or 503, body or {})
+            log.info("%s %s: %s; retrying in %.1fs", method, url, body.get("code") if body else status, wait)
+            await asyncio.sleep(wait)
+            delay = min(delay * 2, 5.0)
+
+    async def _checked(self, method: str, url: str, **kwargs: Any) -> Any:
+        status, body, _ = await self._call(method, url, **kwargs)
+        if status >= 400:
+            raise problem_error(status, body or {})
+        return body
+
+    # definitions
+
+    async def create_stream(self, run_id: str, stream_id: str, pins: dict[str, Any]) -> dict[str, Any]:
+        """Create (or find, if the pins are the same) a stream definition."""
+        body: dict[str, Any] = await self._checked(
+            "POST", self._url(run_id), json={"stream_id": stream_id, "pins": pins}
+        )
+        return body
+
+    async def get_stream(self, run_id: str, stream_id: str) -> dict[str, Any]:
+        body: dict[str, Any] = await self._checked("GET", self._url(run_id, stream_id))
+        return body
+
+    # records
+
+    async def append(
+        self,
+        run_id: str,
+        stream_id: str,
+        *data: Any,
+        records: list[dict[str, Any]] | None = None,
+        idempotency_key: str | None = None,
+    ) -> AppendResult:
+        """Append JSON values (one record each) or raw ``records`` dicts, all or nothing.
+
+        Retries are safe: every attempt carries the same Idempotency-Key (generated if not given), so
+        a retry after a lost answer returns the original sequences instead of appending twice.
+        """
+        items = records if records is not None else [{"data": value} for value in data]
+        if not items:
+            raise ValueError("nothing to append")
+        body = items[0] if len(items) == 1 else {"records": items}
+        key = idempotency_key or str(uuid.uuid4())
+        status, result = await self._retrying(
+            "POST", self._url(run_id, stream_id, "/records"), json=body, headers={"Idempotency-Key": key}
+        )
+        return AppendResult(result["first_sequence"], result["last_sequence"], replayed=status == 200)
+
+    async def read(self, run_id: str, stream_id: str, after: int = 0, limit: int = 100) -> Page:
+        """One page of records with sequence > after. A pruned cursor raises CursorExpiredError."""
+        body = await self._checked(
+            "GET", self._url(run_id, stream_id, "/records"), params={"after": str(after), "limit": str(limit)}
+        )
+        return Page(
+            records=[Record.from_json(r) for r in body["records"]],
+            next_after=body["next_after"],
+            earliest=body["earliest"],
+            latest=body["latest"],
+            closed=body["closed"],
+        )
+
+    async def iter_records(
+        self, run_id: str, stream_id: str, after: int = 0, progress: Callable[[Page], None] | None = None
+    ) -> AsyncIterator[Record]:
+        """Every record after ``after`` up to the latest now (catch-up), page by page."""
+        while True:
+            page = await self.read(run_id, stream_id, after, limit=1000)
+            if progress is not None:
+                progress(page)
+            for record in page.records:
+                yield record
+            if not page.records or page.next_after >= page.latest:
+                return
+            after = page.next_after
+
+    async def subscribe(self, run_id: str, stream_id: str, after: int = 0) -> AsyncIterator[Record]:
+        """Follow the stream: reconnects and resumes after the last delivered sequence, so the caller
+        sees each record exactly once and in order. Ends when a closed stream is drained."""
+        last = after
+        loop = asyncio.get_running_loop()
+        delay, deadline = 0.1, None
+        url = self._url(run_id, stream_id, "/subscribe")
+        while True:
+            try:
+                headers = {**self._headers, "Last-Event-ID": str(last)}
+                timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=90)
+                async with self.session.get(url, headers=headers, timeout=timeout) as resp:
+                    if resp.status != 200:
+                        body = await resp.json(content_type=None)
+                        if resp.status != 503:
+                            raise problem_error(resp.status, body)
+                        raise aiohttp.ClientConnectionError(body.get("detail", "unavailable"))
+                    delay, deadline = 0.1, None
+                    async for item in iter_events(resp.content):
+                        if not isinstance(item, Event):
+                            continue  # heartbeat
+                        if item.event == "record" and item.id is not None and int(item.id) > last:
+                            last = int(item.id)
+                            yield Record.from_json(json.loads(item.data))
+                        elif item.event == "close":
+                            return
+                        elif item.event == "error":
+                            body = json.loads(item.data)
+                            raise problem_error(410 if body.get("code") == "cursor_expired" else 409, body)
+            except _RETRYABLE as exc:
+                deadline = deadline or loop.time() + self.max_wait
+                if loop.time() > deadline:
+                    raise
+                log.info("subscription to %s/%s dropped (%s); resuming after %d", run_id, stream_id, exc, last)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5.0)
+
+    async def ack(self, run_id: str, stream_id: str, consumer_id: str, sequence: int) -> None:
+        await self._checked(
+            "POST", self._url(run_id, stream_id, f"/consumers/{consumer_id}/ack"), json={"sequence": sequence}
+        )
+
+    async def close(self, run_id: str, stream_id: str) -> dict[str, Any]:
+        body: dict[str, Any] = await self._checked("POST", self._url(run_id, stream_id, "/close"))
+        return body
+
+    # objects
+
+    async def upload_object(
+        self,
+        run_id: str,
+        stream_id: str,
+        path: Path,
+        *,
+        idempotency_key: str | None = None,
+        content_type: str = "application/octet-stream",
+        progress: Callable[[int], None] | None = None,
+        chunk_size: int = 256 * 1024,
+    ) -> int:
+        """prepare -> upload -> commit a file, streaming it (never whole in memory); returns the sequence.
+        ``progress`` is called with the bytes sent so far."""
+        digest, size = await asyncio.to_thread(_sha256_of, path, chunk_size)
+        key = idempotency_key or f"{path.name}-{digest[:16]}"
+        _, intent = await self._retrying(
+            "POST",
+            self._url(run_id, stream_id, "/objects/prepare"),
+            json={"idempotency_key": key, "sha256": digest, "size": size, "content_type": content_type},
+        )
+        if intent["state"] != "committed":
+            if intent["state"] == "prepared":
+                await self._checked(
+                    "PUT",
+                    self._url(run_id, stream_id, f"/objects/{intent['intent_id']}/upload"),
+                    data=_file_chunks(path, chunk_size, progress),
+                    headers={"Content-Type": "application/octet-stream", "Content-Length": str(size)},
+                )
+            _, committed = await self._retrying(
+                "POST", self._url(run_id, stream_id, f"/objects/{intent['intent_id']}/commit")
+            )
+            return int(committed["sequence"])
+        return int(intent["committed_sequence"])
+
+
+def _sha256_of(path: Path, chunk_size: int) -> tuple[str, int]:
+    digest, size = hashlib.sha256(), 0
+    with path.open("rb") as f:
+        while chunk := f.read(chunk_size):
+            digest.update(chunk)
+            size += len(chunk)
+    return digest.hexdigest(), size
+
+
+async def _file_chunks(path: Path, chunk_size: int, progress: Callable[[int], None] | None) -> AsyncIterator[bytes]:
+    sent = 0
+    with path.open("rb") as f:
+        while chunk := await asyncio.to_thread(f.read, chunk_size):
+            sent += len(chunk)
+            if progress is not None:
+                progress(sent)
+            yield chunk
+
+
+__all__ = ["ProblemError", "StreamsClient"]

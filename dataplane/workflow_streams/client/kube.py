@@ -1,0 +1,69 @@
+"""Just enough of the Kubernetes API for the CLI's hold/release: kubeconfig auth and one resource."""
+
+from __future__ import annotations
+
+import base64
+import os
+import ssl
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import yaml
+
+HOLDS = "/apis/workflowstreams.dev/v1alpha1/namespaces/{namespace}/streamlegalholds"
+
+
+def _material(entry: dict[str, Any], key: str) -> str | None:
+    """A path for ``key`` or ``key-data`` (decoded into a private temporary file)."""
+    if entry.get(key):
+        return str(entry[key])
+    data = entry.get(f"{key}-data")
+    if not data:
+        return None
+    handle = tempfile.NamedTemporaryFile(delete=False, suffix=".pem")  # noqa: SIM115 - kept for ssl
+    handle.write(base64.b64decode(data))
+    handle.close()
+    return handle.name
+
+
+class KubeClient:
+    def __init__(self, kubeconfig: Path | None = None) -> None:
+        path = kubeconfig or Path(os.environ.get("KUBECONFIG", Path.home() / ".kube" / "config"))
+        config = yaml.safe_load(path.read_text())
+        context_name = config["current-context"]
+        context = next(c["context"] for c in config["contexts"] if c["name"] == context_name)
+        cluster = next(c["cluster"] for c in config["clusters"] if c["name"] == context["cluster"])
+        user = next(u["user"] for u in config["users"] if u["name"] == context["user"])
+        self.server = cluster["server"].rstrip("/")
+        self.namespace = context.get("namespace", "default")
+        self.ssl = ssl.create_default_context(cafile=_material(cluster, "certificate-authority"))
+        cert, key = _material(user, "client-certificate"), _material(user, "client-key")
+        if cert and key:
+            self.ssl.load_cert_chain(cert, key)
+        self.headers = {"Authorization": f"Bearer {user['token']}"} if user.get("token") else {}
+
+    async def request(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+        async with (
+            aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=self.ssl)) as session,
+            session.request(method, self.server + path, json=body, headers=self.headers) as resp,
+        ):
+            answer: dict[str, Any] = await resp.json(content_type=None)
+            if resp.status >= 400:
+                raise PermissionError(f"{resp.status}: {answer.get('message', answer)}")
+            return answer
+
+    async def create_hold(
+        self, namespace: str, name: str, stream: str, matter: str, reason: str, requested_by: str
+    ) -> dict[str, Any]:
+        body = {
+            "apiVersion": "workflowstreams.dev/v1alpha1",
+            "kind": "StreamLegalHold",
+            "metadata": {"name": name},
+            "spec": {"streamRef": {"name": stream}, "matterId": matter, "reason": reason, "requestedBy": requested_by},
+        }
+        return await self.request("POST", HOLDS.format(namespace=namespace), body)
+
+    async def delete_hold(self, namespace: str, name: str) -> dict[str, Any]:
+        return await self.request("DELETE", HOLDS.format(namespace=namespace) + f"/{name}")

@@ -1,0 +1,57 @@
+"""Typed views of the server's JSON."""
+
+from __future__ import annotations
+
+import base64
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Record:
+    sequence: int
+    kind: str
+    content_type: str
+    size: int
+    appended_at: str
+    data: Any = None
+    data_base64: str | None = None
+    object: dict[str, Any] | None = None
+
+    @classmethod
+    def from_json(cls, body: dict[str, Any]) -> Record:
+        return cls(
+            sequence=body["sequence"],
+            kind=body["kind"],
+            content_type=body["content_type"],
+            size=body["size"],
+            appended_at=body["appended_at"],
+            data=body.get("data"),
+            data_base64=body.get("data_base64"),
+            object=body.get("object"),
+        )
+
+    @property
+    def payload(self) -> bytes | None:
+        """Inline bytes (JSON records re-encoded are not byte-identical; use ``data`` for those)."""
+        return base64.b64decode(self.data_base64) if self.data_base64 is not None else None
+
+
+@dataclass(frozen=True)
+class AppendResult:
+    first_sequence: int
+    last_sequence: int
+    replayed: bool = False
+
+    @property
+    def sequences(self) -> list[int]:
+        return list(range(self.first_sequence, self.last_sequence + 1))
+
+
+@dataclass(frozen=True)
+class Page:
+    records: list[Record]
+    next_after: int
+    earliest: int
+    latest: int
+    closed: bool
