@@ -95,15 +95,7 @@ async def read(request: web.Request) -> web.Response:
             conn, run_id, stream_id, after, limit, principal, "read", client_region_of(request)
         )
     metrics.READ_RECORDS.inc(len(page.records))
-    return json_response(
-        {
-            "records": [reads.record_json(r) for r in page.records],
-            "next_after": page.next_after if page.next_after is not None else after,
-            "earliest": page.bounds.earliest,
-            "latest": page.bounds.latest,
-            "closed": page.closed,
-        }
-    )
+    return web.Response(body=reads.page_bytes(page, after), content_type="application/json")
 
 
 @routes.post(STREAM + "/consumers/{consumer_id}/ack")

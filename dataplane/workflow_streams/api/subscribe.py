@@ -52,8 +52,8 @@ def _resume_cursor(request: web.Request) -> int:
 
 
 def _event(record: asyncpg.Record) -> bytes:
-    data = json.dumps(reads.record_json(record), separators=(",", ":"))
-    return f"id: {record['sequence']}\nevent: record\ndata: {data}\n\n".encode()
+    # the record's JSON has no raw newlines (JSON escapes them), so it is one data line
+    return f"id: {record['sequence']}\nevent: record\ndata: ".encode() + reads.record_bytes(record) + b"\n\n"
 
 
 async def _write(response: web.StreamResponse, chunk: bytes) -> None:
