@@ -18,6 +18,7 @@ from .. import API_PREFIX, metrics, payloadlog
 from ..config import Settings
 from ..objectstore import ObjectStore
 from ..store.db import create_pool
+from ..store.reads import SharedReads
 from ..store.wakes import WakeHub
 from ..workers.dispatcher import Dispatcher, DispatchSettings
 from ..workers.metrics_sampler import run_sampler
@@ -96,7 +97,8 @@ def create_app(settings: Settings) -> web.Application:
             store = ObjectStore(settings.s3_regions)
             await store.open()
         reviewer = TokenReviewer(settings.kube_auth) if settings.kube_auth else None
-        app[STATE] = AppState(settings, pool, hub, TokenAuthenticator(settings.tokens, reviewer), store)
+        authenticator = TokenAuthenticator(settings.tokens, reviewer)
+        app[STATE] = AppState(settings, pool, hub, authenticator, SharedReads(pool), store)
         tasks = []
         tasks.append(asyncio.create_task(run_sampler(pool, settings.metrics_sample_seconds)))
         if store is not None and settings.janitor_interval_seconds > 0:

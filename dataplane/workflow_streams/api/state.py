@@ -10,6 +10,7 @@ from aiohttp import web
 from ..config import Settings
 from ..domain.authz import Principal
 from ..objectstore import ObjectStore
+from ..store.reads import SharedReads
 from ..store.wakes import WakeHub
 from .auth import TokenAuthenticator
 
@@ -20,6 +21,7 @@ class AppState:
     pool: asyncpg.Pool
     hub: WakeHub
     authenticator: TokenAuthenticator
+    shared_reads: SharedReads
     objects: ObjectStore | None = None
 
 

@@ -20,9 +20,8 @@ import asyncpg
 from aiohttp import web
 
 from .. import metrics
-from ..domain.authz import Principal
 from ..domain.cursor import parse_cursor
-from ..domain.errors import InvalidInput, StreamError, TooManySubscriptions
+from ..domain.errors import InvalidInput, StreamError, StreamNotFound, TooManySubscriptions
 from ..store import gaps, reads, wakes
 from ..store.db import DB_UNAVAILABLE
 from .common import STREAM, client_region_of, stream_key
@@ -91,7 +90,7 @@ async def subscribe(request: web.Request) -> web.StreamResponse:
                         break  # rebalance: the client reconnects (maybe elsewhere) with Last-Event-ID
                     await _note_gap(app.pool, run_id, stream_id, wake, last)
                 wake.clear()
-                page = await _read_retrying(app.pool, run_id, stream_id, last, principal, response)
+                page = await _read_retrying(app.shared_reads, run_id, stream_id, last, page.pins_digest, response)
         except StreamError as exc:
             # e.g. retention pruned past a lagging subscriber: say why in-band, then end
             await _write(response, _error_event(exc))
@@ -171,24 +170,29 @@ async def _await_news(response: web.StreamResponse, wake: wakes.Wake, ends_at: f
 
 
 async def _read_retrying(
-    pool: asyncpg.Pool,
+    shared: reads.SharedReads,
     run_id: str,
     stream_id: str,
     after: int,
-    principal: Principal,
+    pins_digest: str,
     response: web.StreamResponse,
 ) -> reads.Page:
-    """Keep the subscriber while Postgres restarts: retry reads, with heartbeats so proxies stay."""
+    """The next page, read once for every subscriber at this cursor. The first read authorized this
+    subscriber; pins never change, so only a replaced stream (another digest) ends it. Postgres
+    restarts are waited out, with heartbeats so proxies keep the connection."""
     delay = 0.1
     while True:
         try:
-            async with pool.acquire() as conn:
-                return await reads.read_page(conn, run_id, stream_id, after, PAGE, principal, "subscribe")
+            page = await shared.page(run_id, stream_id, after, PAGE)
         except DB_UNAVAILABLE as exc:
             log.warning("subscription read failed (%s); retrying in %.1fs", exc, delay)
             await _write(response, b": database unavailable, retrying\n\n")
             await asyncio.sleep(delay)
             delay = min(delay * 2, 2.0)
+            continue
+        if page.pins_digest != pins_digest:
+            raise StreamNotFound("the stream was deleted and created again")
+        return page
 
 
 async def _note_gap(pool: asyncpg.Pool, run_id: str, stream_id: str, wake: wakes.Wake, last: int) -> None:
