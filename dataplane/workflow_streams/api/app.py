@@ -17,6 +17,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from .. import API_PREFIX, metrics, payloadlog
 from ..config import Settings
 from ..objectstore import ObjectStore
+from ..store.appends import AppendCoalescer
 from ..store.db import create_pool
 from ..store.reads import SharedReads
 from ..store.wakes import WakeHub
@@ -98,7 +99,7 @@ def create_app(settings: Settings) -> web.Application:
             await store.open()
         reviewer = TokenReviewer(settings.kube_auth) if settings.kube_auth else None
         authenticator = TokenAuthenticator(settings.tokens, reviewer)
-        app[STATE] = AppState(settings, pool, hub, authenticator, SharedReads(pool), store)
+        app[STATE] = AppState(settings, pool, hub, authenticator, SharedReads(pool), AppendCoalescer(pool), store)
         tasks = []
         tasks.append(asyncio.create_task(run_sampler(pool, settings.metrics_sample_seconds)))
         if store is not None and settings.janitor_interval_seconds > 0:

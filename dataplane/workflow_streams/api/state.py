@@ -10,6 +10,7 @@ from aiohttp import web
 from ..config import Settings
 from ..domain.authz import Principal
 from ..objectstore import ObjectStore
+from ..store.appends import AppendCoalescer
 from ..store.reads import SharedReads
 from ..store.wakes import WakeHub
 from .auth import TokenAuthenticator
@@ -22,6 +23,7 @@ class AppState:
     hub: WakeHub
     authenticator: TokenAuthenticator
     shared_reads: SharedReads
+    appends: AppendCoalescer
     objects: ObjectStore | None = None
 
 

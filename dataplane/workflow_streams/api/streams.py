@@ -78,7 +78,7 @@ async def append(request: web.Request) -> web.Response:
     key = _idempotency_key(request)
     records = parse_append_body(await read_json(request))
     with metrics.APPEND_SECONDS.time():
-        result = await appends.append_records(app.pool, app.hub, run_id, stream_id, records, principal, key)
+        result = await appends.append_records(app.appends, app.hub, run_id, stream_id, records, principal, key)
     headers = {"Idempotent-Replayed": "true"} if result.replayed else None
     return json_response(result.to_json(), status=200 if result.replayed else 201, headers=headers)
 
