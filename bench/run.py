@@ -11,6 +11,7 @@ import asyncio
 import datetime as dt
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -69,8 +70,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         print("catch-up read", flush=True)
         results["catch_up"] = await scenarios.catch_up(server, pg.dsn, 20_000 if args.quick else 50_000)
         if profiler is not None:
-            profiler.terminate()
-            profiler.wait(30)
+            profiler.send_signal(signal.SIGINT)  # py-spy writes its profile on SIGINT
+            profiler.wait(60)
         print("memory per idle subscriber", flush=True)
         results["memory"] = await scenarios.subscriber_memory(server, (1000, 10_000), out)
     finally:

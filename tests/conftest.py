@@ -11,6 +11,7 @@ from typing import Any
 import asyncpg
 import pytest
 import yaml
+from aiobotocore.session import get_session
 from aiohttp.test_utils import TestClient
 
 from tests.controlplane import ControlPlane, KindPlane, binaries_present, kind_available
@@ -158,3 +159,29 @@ def namespace(kube: ControlPlane) -> str:
         ),
     )
     return name
+
+
+@pytest.fixture
+def own_pg() -> Iterator[LocalPostgres]:
+    bindir = find_bindir()
+    assert bindir is not None
+    cluster = LocalPostgres(bindir)
+    cluster.init()
+    cluster.start()
+    yield cluster
+    cluster.destroy()
+
+
+@pytest.fixture
+async def s3(s3_regions: dict[str, RegionConfig]) -> AsyncIterator[Any]:
+    """A direct S3 client, to check what MinIO holds independently of the data plane."""
+    region = s3_regions["eu-west-1"]
+    async with get_session().create_client(
+        "s3",
+        endpoint_url=region.endpoint_url,
+        region_name="us-east-1",
+        aws_access_key_id=region.access_key_id,
+        aws_secret_access_key=region.secret_access_key,
+    ) as client:
+        client.bucket = region.bucket
+        yield client

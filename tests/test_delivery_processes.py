@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +16,7 @@ from tests.support import ALICE, pins
 from tests.waitservice import WaitService, first_occurrences
 from workflow_streams import API_PREFIX
 from workflow_streams.domain.delivery import event_id
-from workflow_streams.localpg import LocalPostgres, find_bindir
+from workflow_streams.localpg import LocalPostgres
 from workflow_streams.store.migrate import apply_migrations
 
 pytestmark = pytest.mark.slow
@@ -32,17 +32,6 @@ def _dispatch_env(service: WaitService) -> dict[str, str]:
         "WFS_DELIVERY_TIMEOUT_SECONDS": "2",
         "WFS_DELIVERY_BACKOFF_BASE_SECONDS": "0.05",
     }
-
-
-@pytest.fixture
-def own_pg() -> Iterator[LocalPostgres]:
-    bindir = find_bindir()
-    assert bindir is not None
-    cluster = LocalPostgres(bindir)
-    cluster.init()
-    cluster.start()
-    yield cluster
-    cluster.destroy()
 
 
 @pytest.fixture

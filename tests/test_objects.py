@@ -5,17 +5,14 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
-from collections.abc import AsyncIterator
 from typing import Any
 
 import asyncpg
 import pytest
-from aiobotocore.session import get_session
 from botocore.exceptions import ClientError
 
 from tests.support import ObjectsApi, StreamsApi, problem
 from workflow_streams.api.app import create_app
-from workflow_streams.objectstore import RegionConfig
 
 MiB = 1024 * 1024
 
@@ -26,21 +23,6 @@ async def api(aiohttp_client: Any, database_url: str, settings_for: Any, s3_regi
         database_url, s3_regions=s3_regions, janitor_interval_seconds=0.2, prune_interval_seconds=0.2
     )
     return StreamsApi(await aiohttp_client(create_app(settings)))
-
-
-@pytest.fixture
-async def s3(s3_regions: dict[str, RegionConfig]) -> AsyncIterator[Any]:
-    """A direct S3 client, to check what MinIO holds independently of the data plane."""
-    region = s3_regions["eu-west-1"]
-    async with get_session().create_client(
-        "s3",
-        endpoint_url=region.endpoint_url,
-        region_name="us-east-1",
-        aws_access_key_id=region.access_key_id,
-        aws_secret_access_key=region.secret_access_key,
-    ) as client:
-        client.bucket = region.bucket
-        yield client
 
 
 async def exists(s3: Any, key: str) -> bool:

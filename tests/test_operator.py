@@ -9,14 +9,13 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import asyncpg
 import pytest
 import yaml
-from aiobotocore.session import get_session
 
 from tests.controlplane import ControlPlane
 from tests.support import ObjectsApi, StreamsApi
@@ -152,27 +151,6 @@ def wait_condition(
             return found
         time.sleep(0.3)
     raise AssertionError(f"{kind_name} never had {type_}={status}: {condition(kube, namespace, kind_name, type_)}")
-
-
-@pytest.fixture
-async def db(database_url: str) -> AsyncIterator[asyncpg.Connection]:
-    conn = await asyncpg.connect(database_url)
-    yield conn
-    await conn.close()
-
-
-@pytest.fixture
-async def s3(s3_regions: dict[str, RegionConfig]) -> AsyncIterator[Any]:
-    region = s3_regions["eu-west-1"]
-    async with get_session().create_client(
-        "s3",
-        endpoint_url=region.endpoint_url,
-        region_name="us-east-1",
-        aws_access_key_id=region.access_key_id,
-        aws_secret_access_key=region.secret_access_key,
-    ) as client:
-        client.bucket = region.bucket
-        yield client
 
 
 async def policy_sids(s3: Any) -> set[str]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
@@ -13,22 +13,10 @@ import pytest
 
 from tests.support import ALICE, SseReader, StreamsApi
 from workflow_streams.api.app import create_app
-from workflow_streams.localpg import LocalPostgres, find_bindir
+from workflow_streams.localpg import LocalPostgres
 from workflow_streams.store.migrate import apply_migrations
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture
-def own_pg() -> Iterator[LocalPostgres]:
-    """A cluster of this test's own, since the test restarts it."""
-    bindir = find_bindir()
-    assert bindir is not None
-    cluster = LocalPostgres(bindir)
-    cluster.init()
-    cluster.start()
-    yield cluster
-    cluster.destroy()
 
 
 async def _follow(session: aiohttp.ClientSession, url: str, count: int) -> list[int]:
