@@ -56,6 +56,8 @@ def _event(record: asyncpg.Record) -> bytes:
 
 
 async def _write(response: web.StreamResponse, chunk: bytes) -> None:
+    # wait_for rather than asyncio.timeout: a timeout that cancels the handler task itself while
+    # aiohttp drains the socket left a stalled subscriber hanging (test_slow_subscriber...)
     await asyncio.wait_for(response.write(chunk), WRITE_TIMEOUT_SECONDS)
 
 

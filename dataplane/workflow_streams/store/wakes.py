@@ -54,7 +54,8 @@ class Wake:
     async def wait(self, seconds: float) -> bool:
         """True if woken, False if ``seconds`` passed first."""
         try:
-            await asyncio.wait_for(self._event.wait(), seconds)
+            async with asyncio.timeout(seconds):
+                await self._event.wait()
         except TimeoutError:
             return False
         return True
