@@ -79,8 +79,9 @@ async def test_authentication_and_authorization(api: StreamsApi) -> None:
     await problem(await api.as_({"Authorization": "Bearer nope"}).get("run-1", "out"), 401, "unauthenticated")
     await problem(await api.as_(EVE).get("run-1", "out"), 403, "forbidden")
     assert (await api.as_(BOB).get("run-1", "out")).status == 200
-    # eve cannot learn the pins by re-creating the stream either
+    # eve cannot learn the pins, nor that the stream exists, by re-creating it
     await problem(await api.as_(EVE).create("run-1", "out"), 403, "forbidden")
+    await problem(await api.as_(EVE).create("run-1", "out", retention={"max_records": 5}), 403, "forbidden")
 
 
 async def test_bad_identifiers_are_rejected(api: StreamsApi) -> None:

@@ -7,7 +7,7 @@ from aiohttp import web
 from .. import metrics
 from ..domain.authz import may_see, require
 from ..domain.cursor import parse_cursor
-from ..domain.errors import Forbidden, InvalidInput
+from ..domain.errors import Forbidden, InvalidInput, PinsConflict
 from ..domain.ids import check_id
 from ..domain.pins import parse_pins
 from ..domain.placement import check_metadata_home
@@ -50,10 +50,16 @@ async def create_stream(request: web.Request) -> web.Response:
     stream_id = check_id("stream_id", body["stream_id"])
     pins = parse_pins(body["pins"])
     check_metadata_home(pins, app.settings.metadata_region)
-    async with app.pool.acquire() as conn:
-        definition, created = await definitions.create_definition(conn, run_id, stream_id, pins, principal.name)
+    try:
+        async with app.pool.acquire() as conn:
+            definition, created = await definitions.create_definition(conn, run_id, stream_id, pins, principal.name)
+    except PinsConflict as exc:
+        # only those who may see the stream learn that it exists with other pins
+        if exc.existing is not None and not may_see(exc.existing.pins.authorization, principal):
+            raise Forbidden("not visible") from None
+        raise
     if not created and not may_see(definition.pins.authorization, principal):
-        raise Forbidden("a stream with this id exists and the principal has no right on it")
+        raise Forbidden("not visible")
     location = f"{request.app.router['get_stream'].url_for(run_id=run_id, stream_id=stream_id)}"
     return json_response(definition.to_json(), status=201 if created else 200, headers={"Location": location})
 

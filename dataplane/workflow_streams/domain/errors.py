@@ -39,6 +39,7 @@ class StreamNotFound(NotFound):
 
 class PinsConflict(StreamError):
     code = "pins_conflict"
+    existing: Any = None  # the definition that is already there
 
 
 class Unauthenticated(StreamError):

@@ -107,11 +107,13 @@ async def create_definition(
         raise PinsConflict("the stream was deleted while being created; retry")
     definition = _definition(existing)
     if existing["pins_digest"] != digest:
-        raise PinsConflict(
+        conflict = PinsConflict(
             "a stream with this id exists with different pins; pins are immutable",
             existing_pins_digest=existing["pins_digest"],
             requested_pins_digest=digest,
         )
+        conflict.existing = definition  # so callers can decide who may learn of it
+        raise conflict
     return definition, False
 
 
