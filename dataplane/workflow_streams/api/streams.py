@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import asyncpg
 from aiohttp import web
 
 from .. import metrics
-from ..domain.authz import may_see, require
+from ..domain.authz import Action, Principal, may_see, require
 from ..domain.cursor import parse_cursor
 from ..domain.errors import Forbidden, InvalidInput, PinsConflict
 from ..domain.ids import check_id
@@ -21,6 +22,12 @@ routes = web.RouteTableDef()
 
 DEFAULT_LIMIT = 100
 MAX_LIMIT = 1000
+
+
+async def _require(conn: asyncpg.Connection, run_id: str, stream_id: str, principal: Principal, action: Action) -> None:
+    """The principal's right on the stream, for handlers whose store call does not check it."""
+    definition, _ = await definitions.get_stream(conn, run_id, stream_id)
+    require(definition.pins.authorization, principal, action)
 
 
 def _limit(request: web.Request) -> int:
@@ -144,8 +151,7 @@ async def legal_hold(request: web.Request) -> web.Response:
         raise InvalidInput("hold_id must be a string", field="hold_id")
     check_id("hold_id", hold_id)
     async with app.pool.acquire() as conn:
-        definition, _ = await definitions.get_stream(conn, run_id, stream_id)
-    require(definition.pins.authorization, principal, "legal_hold")
+        await _require(conn, run_id, stream_id, principal, "legal_hold")
     state = await apply_legal_hold(app.pool, app.objects, run_id, stream_id, hold_id, enabled, reason, principal.name)
     return json_response(state.to_json())
 
@@ -157,8 +163,7 @@ async def delivery_status(request: web.Request) -> web.Response:
     principal = await principal_of(request)
     run_id, stream_id = stream_key(request)
     async with app.pool.acquire() as conn:
-        definition, _ = await definitions.get_stream(conn, run_id, stream_id)
-        require(definition.pins.authorization, principal, "read")
+        await _require(conn, run_id, stream_id, principal, "read")
         return json_response(await deliveries.summary(conn, run_id, stream_id))
 
 
@@ -169,6 +174,5 @@ async def requeue_deliveries(request: web.Request) -> web.Response:
     principal = await principal_of(request)
     run_id, stream_id = stream_key(request)
     async with app.pool.acquire() as conn:
-        definition, _ = await definitions.get_stream(conn, run_id, stream_id)
-        require(definition.pins.authorization, principal, "append")
+        await _require(conn, run_id, stream_id, principal, "append")
         return json_response({"requeued": await deliveries.requeue_failed(conn, run_id, stream_id)})
