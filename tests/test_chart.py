@@ -209,3 +209,24 @@ def test_dockerfile_is_lint_clean() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     text = (REPO / "Dockerfile").read_text()
     assert "--require-hashes" in text and "USER 10001" in text
+
+
+def test_image_lock_covers_the_runtime_dependencies() -> None:
+    """The image installs only requirements.lock: every runtime dependency must be pinned there."""
+    import re
+    import tomllib
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    wanted = [
+        *project["dependencies"],
+        *project["optional-dependencies"]["objects"],
+        *project["optional-dependencies"]["operator"],
+    ]
+    locked = {
+        line.split("==")[0].lower()
+        for line in (REPO / "requirements.lock").read_text().splitlines()
+        if "==" in line and not line.startswith(" ")
+    }
+    for requirement in wanted:
+        name = re.split(r"[<>=\[ ;]", requirement, maxsplit=1)[0].lower()
+        assert name in locked, f"{name} is missing from requirements.lock: regenerate it (see the README)"
