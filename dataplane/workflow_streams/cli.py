@@ -7,7 +7,6 @@ import asyncio
 import logging
 import secrets
 import sys
-from dataclasses import replace
 
 from aiohttp import web
 
@@ -53,13 +52,14 @@ def cmd_dev(args: argparse.Namespace) -> int:
             host="127.0.0.1",
             port=args.port,
             tokens={token: Principal("dev")},
+            region=args.region,
             prune_interval_seconds=5.0,
         )
         print(f"workflow-streams dev: Postgres at {pg.dsn} (data in {pg.base_dir})")
-        print(f"serving http://127.0.0.1:{args.port}/api/workflow-streams")
+        print(f"serving http://127.0.0.1:{args.port}/api/workflow-streams as region {args.region}")
         print(f"dev token (principal 'dev'): {token}")
         print(f"  export WFS_TOKEN={token}", flush=True)
-        _serve(replace(settings))
+        _serve(settings)
     finally:
         pg.destroy()
     return 0
@@ -78,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     dev = sub.add_parser("dev", help="throwaway local Postgres + migrations + server on 127.0.0.1:8080")
     dev.add_argument("--port", type=int, default=8080)
     dev.add_argument("--token", help="use this dev token instead of a random one")
+    dev.add_argument("--region", default="eu-west-1", help="the region this dev server is in (placement pins)")
     dev.set_defaults(func=cmd_dev)
     sub.add_parser("serve", help="serve the data plane, configured from WFS_* env").set_defaults(func=cmd_serve)
     sub.add_parser("migrate", help="apply pending migrations to WFS_DATABASE_URL").set_defaults(func=cmd_migrate)
