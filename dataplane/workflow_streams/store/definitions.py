@@ -11,6 +11,7 @@ import asyncpg
 from ..domain.authz import Principal, require
 from ..domain.errors import PinsConflict, StreamHeld, StreamNotFound
 from ..domain.pins import StreamPins
+from . import wakes
 
 
 @dataclass(frozen=True)
@@ -164,7 +165,9 @@ async def close_stream(conn: asyncpg.Connection, run_id: str, stream_id: str, pr
                 principal.name,
             )
             # subscribers drain and then see the close
-            await conn.execute("SELECT pg_notify('wfs_records', $1)", f"{run_id}/{stream_id}/0/{row['last_sequence']}")
+            await conn.execute(
+                "SELECT pg_notify($1, $2)", wakes.RECORDS, wakes.payload(run_id, stream_id, 0, row["last_sequence"])
+            )
         return await _state(conn, row)
 
 
@@ -234,5 +237,5 @@ async def delete_stream(conn: asyncpg.Connection, run_id: str, stream_id: str) -
         )
         await conn.execute("DELETE FROM wfs_streams WHERE run_id = $1 AND stream_id = $2", run_id, stream_id)
         # open subscriptions see the stream end
-        await conn.execute("SELECT pg_notify('wfs_records', $1)", f"{run_id}/{stream_id}/0/0")
+        await conn.execute("SELECT pg_notify($1, $2)", wakes.RECORDS, wakes.payload(run_id, stream_id))
         return [(r["region"], r["bucket"], r["object_key"]) for r in queued]

@@ -36,12 +36,11 @@ class Wake:
         self._event = asyncio.Event()
         # lowest first sequence announced since the last clear (0 = unknown: re-read everything)
         self.first_announced: int | None = None
-        self.last_announced = 0
 
-    def signal(self, first: int, last: int) -> None:
+    def signal(self, first: int) -> None:
+        """``first``: the lowest sequence the notification announces (0: unknown, re-read all)."""
         if self.first_announced is None or first < self.first_announced:
             self.first_announced = first
-        self.last_announced = max(self.last_announced, last)
         self._event.set()
 
     def clear(self) -> None:
@@ -106,24 +105,21 @@ class WakeHub:
         with self.watch(channel, _ANY, _ANY) as wake:
             yield wake
 
-    def watcher_count(self) -> int:
-        return sum(len(w) for w in self._watchers.values())
-
     def _on_notify(self, _conn: object, _pid: int, channel: str, message: str) -> None:
         try:
             run_id, stream_id, first, last = message.split("/")
-            first_seq, last_seq = int(first), int(last)
+            first_seq, _last_seq = int(first), int(last)  # both must parse: malformed otherwise
         except ValueError:
             log.warning("ignoring malformed notification on %s", channel)
             return
         for key in ((channel, run_id, stream_id), (channel, _ANY, _ANY)):
             for wake in self._watchers.get(key, ()):
-                wake.signal(first_seq, last_seq)
+                wake.signal(first_seq)
 
     def _wake_everyone(self) -> None:
         for watchers in self._watchers.values():
             for wake in watchers:
-                wake.signal(0, 0)
+                wake.signal(0)
 
     async def _run(self) -> None:
         backoff = 0.1

@@ -54,8 +54,6 @@ class Dispatcher:
         self.settings = settings
         self.holder = holder_id()
         self.lease = dt.timedelta(seconds=settings.lease_seconds)
-        self.delivered = 0
-        self.failed = 0
 
     async def run(self) -> None:
         timeout = aiohttp.ClientTimeout(total=self.settings.request_timeout_seconds)
@@ -129,10 +127,8 @@ class Dispatcher:
         metrics.DELIVERIES.labels(outcome.value).inc()
         if outcome is Outcome.DELIVERED:
             await deliveries.mark_delivered(conn, run_id, stream_id, sequence)
-            self.delivered += 1
         elif outcome is Outcome.PERMANENT or attempts >= self.settings.max_attempts:
             await deliveries.mark_failed(conn, run_id, stream_id, sequence, error)
-            self.failed += 1
             log.error("dispatcher: %s/%s/%d failed permanently: %s", run_id, stream_id, sequence, error)
         else:
             delay = backoff_seconds(attempts, self.settings.backoff_base_seconds, self.settings.backoff_cap_seconds)
