@@ -10,8 +10,9 @@ stream's row lock and fsync are paid once per batch instead of once per request.
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import asyncpg
@@ -62,10 +63,11 @@ class AppendRequest:
     records: list[RecordIn]
     principal: Principal
     idempotency_key: str | None = None
-    digest: str = field(init=False)
 
-    def __post_init__(self) -> None:
-        self.digest = request_digest(self.records)
+    @functools.cached_property
+    def digest(self) -> str:
+        """Only requests with an Idempotency-Key need it: not hashed on every append."""
+        return request_digest(self.records)
 
 
 _INSERT_RECORDS = """
