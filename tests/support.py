@@ -158,36 +158,28 @@ class SseEvent:
 
 
 class SseReader:
-    """A minimal text/event-stream parser over an aiohttp response, per the WHATWG rules we use."""
+    """Events of a text/event-stream response, parsed by the client library's parser."""
 
     def __init__(self, resp: ClientResponse) -> None:
+        from workflow_streams.client.sse import iter_events
+
         self.resp = resp
         self.comments: list[str] = []
+        self._items = iter_events(resp.content)
 
     async def next(self, seconds: float = 10.0) -> SseEvent | None:
         """The next event, or None when the server ends the stream."""
         import asyncio
 
-        fields: dict[str, str] = {}
-        data: list[str] = []
         while True:
-            line_bytes = await asyncio.wait_for(self.resp.content.readline(), seconds)
-            if not line_bytes:
+            try:
+                item = await asyncio.wait_for(anext(self._items), seconds)
+            except StopAsyncIteration:
                 return None
-            line = line_bytes.decode().rstrip("\n")
-            if line == "":
-                if data or fields.get("event"):
-                    return SseEvent(fields.get("event", "message"), "\n".join(data), fields.get("id"))
+            if isinstance(item, str):  # a comment, e.g. a heartbeat
+                self.comments.append(item)
                 continue
-            if line.startswith(":"):
-                self.comments.append(line[1:].strip())
-                continue
-            name, _, value = line.partition(":")
-            value = value[1:] if value.startswith(" ") else value
-            if name == "data":
-                data.append(value)
-            else:
-                fields[name] = value
+            return SseEvent(item.event, item.data, item.id)
 
     async def records(self, count: int, seconds: float = 10.0) -> list[int]:
         out = []
