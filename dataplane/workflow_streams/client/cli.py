@@ -8,6 +8,7 @@ import dataclasses
 import json
 import os
 import sys
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,7 @@ def add_commands(sub: Any) -> None:
     tail.add_argument("--after", type=int, default=0)
     tail.add_argument("--count", type=int, help="exit after this many records")
     tail.add_argument("--quiet", action="store_true", help="no progress bar")
-    tail.set_defaults(func=lambda a: asyncio.run(_tail(a)))
+    tail.set_defaults(func=lambda a: _run(_tail, a))
 
     append = sub.add_parser("append", help="append JSON values, or upload a file as an object record")
     client_args(append)
@@ -40,13 +41,13 @@ def add_commands(sub: Any) -> None:
     append.add_argument("--content-type", default="application/octet-stream")
     append.add_argument("--key", help="idempotency key")
     append.add_argument("--quiet", action="store_true")
-    append.set_defaults(func=lambda a: asyncio.run(_append(a)))
+    append.set_defaults(func=lambda a: _run(_append, a))
 
     ack = sub.add_parser("ack", help="acknowledge through a sequence")
     client_args(ack)
     ack.add_argument("consumer_id")
     ack.add_argument("sequence", type=int)
-    ack.set_defaults(func=lambda a: asyncio.run(_ack(a)))
+    ack.set_defaults(func=lambda a: _run(_ack, a))
 
     hold = sub.add_parser("hold", help="place a legal hold: creates a StreamLegalHold (Kubernetes API)")
     hold.add_argument("stream", help="the WorkflowStream's name")
@@ -55,108 +56,89 @@ def add_commands(sub: Any) -> None:
     hold.add_argument("--reason", required=True)
     hold.add_argument("--requested-by", required=True)
     hold.add_argument("--name", help="the hold's name (default: <stream>-<matter>)")
-    hold.set_defaults(func=lambda a: asyncio.run(_hold(a)))
+    hold.set_defaults(func=lambda a: _run(_hold, a))
 
     release = sub.add_parser("release", help="release a legal hold: deletes the StreamLegalHold")
     release.add_argument("name")
     release.add_argument("--namespace", "-n")
-    release.set_defaults(func=lambda a: asyncio.run(_release(a)))
+    release.set_defaults(func=lambda a: _run(_release, a))
 
 
 def _print(record: Record) -> None:
     print(json.dumps(dataclasses.asdict(record)), flush=True)
 
 
-async def _tail(args: argparse.Namespace) -> int:
+def _run(command: Callable[[argparse.Namespace], Coroutine[Any, Any, None]], args: argparse.Namespace) -> int:
+    """Run a client command; a refusal from the server or the API server becomes exit status 1."""
+    try:
+        asyncio.run(command(args))
+    except (ProblemError, PermissionError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+async def _tail(args: argparse.Namespace) -> None:
     seen = 0
     async with StreamsClient(args.url, args.token) as client:
-        try:
-            first = await client.read(args.run_id, args.stream_id, args.after, limit=1)
-            bar = tqdm(
-                total=first.latest - args.after, unit="rec", desc="catch-up", disable=args.quiet, file=sys.stderr
-            )
+        first = await client.read(args.run_id, args.stream_id, args.after, limit=1)
+        bar = tqdm(total=first.latest - args.after, unit="rec", desc="catch-up", disable=args.quiet, file=sys.stderr)
 
-            def advance(page: Page) -> None:
-                bar.update(len(page.records))
+        def advance(page: Page) -> None:
+            bar.update(len(page.records))
 
-            last = args.after
-            async for record in client.iter_records(args.run_id, args.stream_id, args.after, advance):
-                _print(record)
-                last, seen = record.sequence, seen + 1
-                if args.count and seen >= args.count:
-                    return 0
-            bar.close()
-            async for record in client.subscribe(args.run_id, args.stream_id, last):
-                _print(record)
-                seen += 1
-                if args.count and seen >= args.count:
-                    return 0
-        except ProblemError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 1
-    return 0
+        last = args.after
+        async for record in client.iter_records(args.run_id, args.stream_id, args.after, advance):
+            _print(record)
+            last, seen = record.sequence, seen + 1
+            if args.count and seen >= args.count:
+                return
+        bar.close()
+        async for record in client.subscribe(args.run_id, args.stream_id, last):
+            _print(record)
+            seen += 1
+            if args.count and seen >= args.count:
+                return
 
 
-async def _append(args: argparse.Namespace) -> int:
+async def _append(args: argparse.Namespace) -> None:
     async with StreamsClient(args.url, args.token) as client:
-        try:
-            if args.file:
-                size = args.file.stat().st_size
-                with tqdm(
-                    total=size, unit="B", unit_scale=True, desc="upload", disable=args.quiet, file=sys.stderr
-                ) as bar:
+        if args.file:
+            size = args.file.stat().st_size
+            with tqdm(total=size, unit="B", unit_scale=True, desc="upload", disable=args.quiet, file=sys.stderr) as bar:
 
-                    def sent(total: int) -> None:
-                        bar.update(total - bar.n)
+                def sent(total: int) -> None:
+                    bar.update(total - bar.n)
 
-                    sequence = await client.upload_object(
-                        args.run_id,
-                        args.stream_id,
-                        args.file,
-                        idempotency_key=args.key,
-                        content_type=args.content_type,
-                        progress=sent,
-                    )
-                print(json.dumps({"sequences": [sequence]}))
-            else:
-                values = [json.loads(text) for text in args.data]
-                result = await client.append(args.run_id, args.stream_id, *values, idempotency_key=args.key)
-                print(json.dumps({"sequences": result.sequences}))
-        except ProblemError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 1
-    return 0
+                sequence = await client.upload_object(
+                    args.run_id,
+                    args.stream_id,
+                    args.file,
+                    idempotency_key=args.key,
+                    content_type=args.content_type,
+                    progress=sent,
+                )
+            print(json.dumps({"sequences": [sequence]}))
+        else:
+            values = [json.loads(text) for text in args.data]
+            result = await client.append(args.run_id, args.stream_id, *values, idempotency_key=args.key)
+            print(json.dumps({"sequences": result.sequences}))
 
 
-async def _ack(args: argparse.Namespace) -> int:
+async def _ack(args: argparse.Namespace) -> None:
     async with StreamsClient(args.url, args.token) as client:
-        try:
-            await client.ack(args.run_id, args.stream_id, args.consumer_id, args.sequence)
-        except ProblemError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 1
-    return 0
+        await client.ack(args.run_id, args.stream_id, args.consumer_id, args.sequence)
 
 
-async def _hold(args: argparse.Namespace) -> int:
+async def _hold(args: argparse.Namespace) -> None:
     kube = KubeClient()
     namespace = args.namespace or kube.namespace
     name = args.name or f"{args.stream}-{args.matter}".lower()
-    try:
-        await kube.create_hold(namespace, name, args.stream, args.matter, args.reason, args.requested_by)
-    except PermissionError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+    await kube.create_hold(namespace, name, args.stream, args.matter, args.reason, args.requested_by)
     print(f"streamlegalhold.workflowstreams.dev/{name} created")
-    return 0
 
 
-async def _release(args: argparse.Namespace) -> int:
+async def _release(args: argparse.Namespace) -> None:
     kube = KubeClient()
-    try:
-        await kube.delete_hold(args.namespace or kube.namespace, args.name)
-    except PermissionError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+    await kube.delete_hold(args.namespace or kube.namespace, args.name)
     print(f"streamlegalhold.workflowstreams.dev/{args.name} deleted")
-    return 0
