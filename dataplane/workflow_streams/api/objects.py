@@ -125,6 +125,7 @@ async def abort(request: web.Request) -> web.Response:
     app = state_of(request)
     principal = await principal_of(request)
     run_id, stream_id = stream_key(request)
+    intent_id = _intent_id(request)
     async with app.pool.acquire() as conn:
-        state = await objects.abort(conn, run_id, stream_id, _intent_id(request), principal)
-    return json_response({"intent_id": _intent_id(request), "state": state})
+        state = await objects.abort(conn, run_id, stream_id, intent_id, principal)
+    return json_response({"intent_id": intent_id, "state": state})
