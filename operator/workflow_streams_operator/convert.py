@@ -1,27 +1,52 @@
-"""From the WorkflowStream spec (Kubernetes camelCase) to the data plane's pins (snake_case).
+"""Between the WorkflowStream spec (Kubernetes camelCase) and the data plane's pins (snake_case).
 
-The result goes through the same ``parse_pins`` as an HTTP create: one validation for both.
+Names come from the pins model itself, like the CRD schema (``crdgen``): a pin added to the model is
+known here and in the CRD without further edits. The result of ``pins_from_spec`` goes through the
+same ``parse_pins`` as an HTTP create: one validation for both.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from typing import Any
 
-_CAMEL = re.compile(r"(?<!^)(?=[A-Z])")
+from pydantic import BaseModel
+
+from workflow_streams.domain.pins import StreamPins, nested_model
 
 
-def snake(name: str) -> str:
-    return _CAMEL.sub("_", name).lower()
+def camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(part.capitalize() for part in rest)
 
 
-def pins_from_spec(pins: Mapping[str, Any]) -> dict[str, Any]:
-    """Keys are renamed recursively; values (regions, subjects, content classes) are kept as written."""
-    return {
-        snake(key): pins_from_spec(value) if isinstance(value, Mapping) else _list(value) for key, value in pins.items()
-    }
+def pins_from_spec(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """camelCase pins as snake_case; names the model does not know are kept, so validation names them."""
+    return _rename(StreamPins, spec, to_snake=True)
 
 
-def _list(value: Any) -> Any:
-    return [pins_from_spec(v) if isinstance(v, Mapping) else v for v in value] if isinstance(value, list) else value
+def spec_from_pins(pins: Mapping[str, Any]) -> dict[str, Any]:
+    """snake_case pins (as sent over HTTP or stored) as a WorkflowStream's camelCase ``spec.pins``."""
+    return _rename(StreamPins, pins, to_snake=False)
+
+
+def _rename(model: type[BaseModel], data: Mapping[str, Any], *, to_snake: bool) -> dict[str, Any]:
+    # the name as written -> the model's field name
+    fields = {camel(name) if to_snake else name: name for name in model.model_fields}
+    renamed: dict[str, Any] = {}
+    for key, value in data.items():
+        name = fields.get(key)
+        if name is None:
+            renamed[key] = value
+            continue
+        nested = nested_model(model.model_fields[name].annotation)
+        renamed[name if to_snake else camel(name)] = _value(nested, value, to_snake) if nested else value
+    return renamed
+
+
+def _value(model: type[BaseModel], value: Any, to_snake: bool) -> Any:
+    if isinstance(value, Mapping):
+        return _rename(model, value, to_snake=to_snake)
+    if isinstance(value, list):
+        return [_value(model, item, to_snake) for item in value]
+    return value

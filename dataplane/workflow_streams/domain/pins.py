@@ -1,10 +1,19 @@
-"""A stream definition's pins: what a stream is and where its data may live, fixed at creation."""
+"""A stream definition's pins: what a stream is and where its data may live, fixed at creation.
+
+Pins are stored with the version of their stored form (``pins_version``) and always read through
+``StreamPins.read_stored``, which upgrades old documents and fills in defaults, so two pins are
+compared by what they mean under today's model, never by how an older release spelled them.
+
+Every field carries a description: the OpenAPI document and the WorkflowStream CRD
+(``python -m workflow_streams_operator.crdgen``) are generated from this model.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import json
-from typing import Annotated, Any, Literal
+from collections.abc import Callable, Mapping
+from typing import Annotated, Any, ClassVar, Literal, TypeVar, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, model_validator
 
@@ -12,6 +21,7 @@ from .errors import ForbiddenContentClass, InvalidDefinition
 
 # Raw hidden model reasoning must never be stored, whatever a caller asks for.
 FORBIDDEN_CONTENT_CLASSES = frozenset({"raw_model_reasoning"})
+FORBIDDEN_CONTENT_CLASS_MESSAGE = "raw hidden model reasoning is not an allowed content class"
 CONTENT_CLASSES = (
     "user_input",
     "model_output",
@@ -22,6 +32,8 @@ CONTENT_CLASSES = (
     "artifact",
     "telemetry",
 )
+# the key of a stored pins document that holds its version; absent in documents stored before it existed
+VERSION_KEY = "pins_version"
 
 Region = Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9-]{0,62}$")]
 # "*" (any authenticated principal), a user name, or "group:<name>"
@@ -29,6 +41,11 @@ Subject = Annotated[str, StringConstraints(pattern=r"^(\*|(group:)?[A-Za-z0-9][A
 JsonPointer = Annotated[str, StringConstraints(pattern=r"^(/[^/\x00-\x1f\x7f]+)+$", max_length=512)]
 # free text that Postgres stores: no NUL or other control characters
 Text = Annotated[str, StringConstraints(pattern=r"^[^\x00-\x1f\x7f]+$", min_length=1, max_length=512)]
+
+_SUBJECTS = (
+    "Each entry is a principal name (e.g. system:serviceaccount:<namespace>:<name>), group:<name>, "
+    "or * for any authenticated caller."
+)
 
 
 class _Pinned(BaseModel):
@@ -41,11 +58,31 @@ def _unique(values: list[str], what: str) -> None:
 
 
 class Placement(_Pinned):
-    metadata_home: Region
-    metadata_replicas: list[Region] = Field(default_factory=list, max_length=8)
-    object_regions: list[Region] = Field(min_length=1, max_length=8)
-    client_egress_regions: list[Region] = Field(min_length=1, max_length=16)
-    log_region: Region
+    """Where the stream's metadata, objects and logs may live, and from where it may be read."""
+
+    metadata_home: Region = Field(
+        description="The region whose Postgres holds the stream's metadata and records. A data plane whose "
+        "Postgres is in another region refuses the definition."
+    )
+    metadata_replicas: list[Region] = Field(
+        default_factory=list,
+        max_length=8,
+        description="Regions that may hold replicas of the metadata, not repeating the metadata home. Default: none.",
+    )
+    object_regions: list[Region] = Field(
+        min_length=1,
+        max_length=8,
+        description="Regions whose buckets may store the stream's large objects.",
+    )
+    client_egress_regions: list[Region] = Field(
+        min_length=1,
+        max_length=16,
+        description="Regions from which clients may read or subscribe; other callers get 403 "
+        "placement_violation, and bucket policies deny object reads from elsewhere.",
+    )
+    log_region: Region = Field(
+        description="The only region whose processes may log payloads; elsewhere the redaction pins apply."
+    )
 
     @model_validator(mode="after")
     def _distinct(self) -> Placement:
@@ -58,14 +95,30 @@ class Placement(_Pinned):
 
 
 class Retention(_Pinned):
-    max_age_seconds: int | None = Field(default=None, ge=1)
-    max_records: int | None = Field(default=None, ge=1)
+    """How long records are kept; the pruner removes older records unless a legal hold exists.
+    Both limits unset keeps records until the stream is deleted."""
+
+    max_age_seconds: int | None = Field(
+        default=None, ge=1, description="Records older than this many seconds are pruned. Unset: no age limit."
+    )
+    max_records: int | None = Field(
+        default=None, ge=1, description="Only the newest this many records are kept. Unset: no count limit."
+    )
 
 
 class Redaction(_Pinned):
-    # drop_payload: payload never leaves the log region; mask_fields: only the listed fields are masked
-    strategy: Literal["drop_payload", "mask_fields"] = "drop_payload"
-    fields: list[JsonPointer] = Field(default_factory=list, max_length=64)
+    """How payloads are redacted in log lines written outside the log region."""
+
+    strategy: Literal["drop_payload", "mask_fields"] = Field(
+        default="drop_payload",
+        description="drop_payload: the payload never leaves the log region; mask_fields: only the listed "
+        "fields are masked. Default: drop_payload.",
+    )
+    fields: list[JsonPointer] = Field(
+        default_factory=list,
+        max_length=64,
+        description="JSON Pointers (e.g. /user/email) of the fields to mask; required with mask_fields.",
+    )
 
     @model_validator(mode="after")
     def _fields_when_masking(self) -> Redaction:
@@ -75,28 +128,76 @@ class Redaction(_Pinned):
 
 
 class Authorization(_Pinned):
-    append: list[Subject] = Field(default_factory=list, max_length=64)
-    read: list[Subject] = Field(default_factory=list, max_length=64)
+    """Who may do what on the stream: subjects per action. An empty list allows nobody."""
+
+    append: list[Subject] = Field(default_factory=list, max_length=64, description=f"May append. {_SUBJECTS}")
+    read: list[Subject] = Field(default_factory=list, max_length=64, description=f"May read. {_SUBJECTS}")
     # live subscriptions; unset means the same subjects as read
-    subscribe: list[Subject] | None = Field(default=None, max_length=64)
-    ack: list[Subject] = Field(default_factory=list, max_length=64)
-    close: list[Subject] = Field(default_factory=list, max_length=64)
-    legal_hold: list[Subject] = Field(default_factory=list, max_length=64)
+    subscribe: list[Subject] | None = Field(
+        default=None,
+        max_length=64,
+        description=f"May subscribe (Server-Sent Events). Unset: the read subjects. {_SUBJECTS}",
+    )
+    ack: list[Subject] = Field(
+        default_factory=list, max_length=64, description=f"May acknowledge as a consumer. {_SUBJECTS}"
+    )
+    close: list[Subject] = Field(default_factory=list, max_length=64, description=f"May close the stream. {_SUBJECTS}")
+    legal_hold: list[Subject] = Field(
+        default_factory=list, max_length=64, description=f"May place and release legal holds over HTTP. {_SUBJECTS}"
+    )
 
 
 class Credit(_Pinned):
-    max_unread_items: int = Field(ge=1)
-    max_unread_bytes: int = Field(ge=1)
-    max_total_items: int | None = Field(default=None, ge=1)
-    max_total_bytes: int | None = Field(default=None, ge=1)
-    policy: Literal["block", "reject"] = "reject"
-    block_timeout_ms: int = Field(default=5000, ge=0, le=60_000)
+    """Producer credit: how much may be appended and not yet acknowledged by the slowest consumer."""
+
+    max_unread_items: int = Field(ge=1, description="Ceiling on unread records.")
+    max_unread_bytes: int = Field(ge=1, description="Ceiling on unread payload bytes.")
+    max_total_items: int | None = Field(
+        default=None,
+        ge=1,
+        description="Lifetime ceiling on appended records; past it appends are 409 quota_exhausted. Unset: none.",
+    )
+    max_total_bytes: int | None = Field(
+        default=None, ge=1, description="Lifetime ceiling on appended payload bytes. Unset: none."
+    )
+    policy: Literal["block", "reject"] = Field(
+        default="reject",
+        description="At an unread ceiling, block: wait for an acknowledgement up to the block timeout, then 429; "
+        "reject: 429 backpressure at once. Default: reject.",
+    )
+    block_timeout_ms: int = Field(
+        default=5000, ge=0, le=60_000, description="How long a blocked append waits, in milliseconds. Default: 5000."
+    )
+
+
+Upgrade = Callable[[dict[str, Any]], dict[str, Any]]
+P = TypeVar("P", bound="StreamPins")
+
+
+class NewerPinsVersion(ValueError):
+    """Stored pins of a later, incompatible version (or none at all): this release cannot know what they mean."""
 
 
 class StreamPins(_Pinned):
-    direction: Literal["input", "output"]
-    content_class: Literal[CONTENT_CLASSES]  # type: ignore[valid-type]
-    schema_ref: Text
+    """A stream's pins: what it carries and where its data may live. Immutable once created."""
+
+    # The version of the stored form. Bump it only for a change that old documents cannot simply be
+    # read as (a rename, a changed meaning), with a step in ``upgrades`` from the previous version.
+    # A new pin with a default needs neither: documents without it read with the default, and
+    # documents with pins this release does not know (a later release's additions) read without them.
+    pins_version: ClassVar[int] = 1
+    # version N -> a function from a stored document of version N to one of version N + 1
+    pins_upgrades: ClassVar[Mapping[int, Upgrade]] = {}
+
+    direction: Literal["input", "output"] = Field(
+        description="input: data into a waiting run (each record is delivered to the wait service); "
+        "output: data out of a run."
+    )
+    content_class: Literal[CONTENT_CLASSES] = Field(  # type: ignore[valid-type]
+        description="What the stream carries: " + ", ".join(CONTENT_CLASSES) + ". Raw hidden model reasoning "
+        "(raw_model_reasoning) is never allowed; use reasoning_summary for a user-visible summary."
+    )
+    schema_ref: Text = Field(description="The schema the payloads follow, e.g. example.com/schemas/output/v1.")
     placement: Placement
     retention: Retention = Field(default_factory=Retention)
     redaction: Redaction = Field(default_factory=Redaction)
@@ -104,12 +205,62 @@ class StreamPins(_Pinned):
     credit: Credit
 
     def canonical(self) -> dict[str, Any]:
-        """The normalized pins, defaults filled in: what is stored and compared."""
+        """The normalized pins, defaults filled in: what callers see."""
         return self.model_dump(mode="json")
 
+    def stored(self) -> dict[str, Any]:
+        """The document stored in Postgres: the canonical pins and the version of their form."""
+        return {VERSION_KEY: self.pins_version, **self.canonical()}
+
     def digest(self) -> str:
-        text = json.dumps(self.canonical(), sort_keys=True, separators=(",", ":"))
-        return hashlib.sha256(text.encode()).hexdigest()
+        """SHA-256 of the stored form. For two pins of one model it is equal exactly when their meaning is;
+        for a stored row it is the content address of its document (``pins_digest``)."""
+        return document_digest(self.stored())
+
+    @classmethod
+    def read_stored(cls: type[P], document: Mapping[str, Any] | str) -> P:
+        """Pins as stored by this or an earlier release: upgraded to this version, defaults filled in,
+        pins unknown to this model ignored. Raises NewerPinsVersion for a later, incompatible version."""
+        data = dict(json.loads(document) if isinstance(document, str) else document)
+        version = data.pop(VERSION_KEY, 1)
+        if type(version) is not int or not 1 <= version <= cls.pins_version:
+            raise NewerPinsVersion(
+                f"stored pins have version {version!r}; this release reads versions 1 to {cls.pins_version}"
+            )
+        for step in range(version, cls.pins_version):
+            data = cls.pins_upgrades[step](data)
+        return cls.model_validate(_known(cls, data))
+
+
+def document_digest(document: Mapping[str, Any]) -> str:
+    text = json.dumps(document, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _known(model: type[BaseModel], data: Any) -> Any:
+    """``data`` without the keys ``model`` (and its nested models) does not have."""
+    if isinstance(data, list):
+        return [_known(model, item) for item in data]
+    if not isinstance(data, dict):
+        return data
+    known = {}
+    for name, field in model.model_fields.items():
+        if name in data:
+            nested = nested_model(field.annotation)
+            value = data[name]
+            known[name] = _known(nested, value) if nested is not None else value
+    return known
+
+
+def nested_model(annotation: Any) -> type[BaseModel] | None:
+    """The pins model inside a field's type (``Placement``, ``list[X]``, ``X | None``), if any."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in get_args(annotation):
+        found = nested_model(arg)
+        if found is not None:
+            return found
+    return None
 
 
 def parse_pins(raw: object) -> StreamPins:

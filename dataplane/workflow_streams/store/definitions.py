@@ -61,14 +61,15 @@ _PINS_CACHE_LIMIT = 10_000
 
 
 def pins_of(row: asyncpg.Record) -> StreamPins:
-    """Pins are immutable and content-addressed, so parsed pins are cached by digest."""
+    """Pins are immutable and ``pins_digest`` is the content address of the stored document, so the
+    pins read from it (upgraded to this release's model) are cached by digest."""
     digest = row["pins_digest"]
     pins = _PINS_CACHE.get(digest)
     if pins is None:
         if len(_PINS_CACHE) >= _PINS_CACHE_LIMIT:
             _PINS_CACHE.clear()
-        raw = row["pins"]  # a dict through our pool's jsonb codec, text through a plain connection
-        pins = StreamPins.model_validate_json(raw) if isinstance(raw, str) else StreamPins.model_validate(raw)
+        # a dict through our pool's jsonb codec, text through a plain connection
+        pins = StreamPins.read_stored(row["pins"])
         _PINS_CACHE[digest] = pins
     return pins
 
@@ -87,7 +88,7 @@ def _definition(row: asyncpg.Record) -> Definition:
 async def create_definition(
     conn: asyncpg.Connection, run_id: str, stream_id: str, pins: StreamPins, creator: str
 ) -> tuple[Definition, bool]:
-    """Create a definition, or return the existing one if its pins are the same. True if created.
+    """Create a definition, or return the existing one if its pins mean the same. True if created.
     Callers decide who may see an existing definition."""
     digest = pins.digest()
     row = await conn.fetchrow(
@@ -97,7 +98,7 @@ async def create_definition(
            RETURNING *""",
         run_id,
         stream_id,
-        pins.canonical(),
+        pins.stored(),
         digest,
         creator,
     )
@@ -107,7 +108,10 @@ async def create_definition(
     if existing is None:  # deleted between the two statements; the caller may retry
         raise PinsConflict("the stream was deleted while being created; retry")
     definition = _definition(existing)
-    if existing["pins_digest"] != digest:
+    # Compare meaning: the stored pins read (upgraded, defaults filled in) by the requested pins' model,
+    # so a release that adds a pin with a default still finds every older stream's pins the same.
+    stored = definition.pins if type(pins) is StreamPins else type(pins).read_stored(existing["pins"])
+    if stored.digest() != digest:
         conflict = PinsConflict(
             "a stream with this id exists with different pins; pins are immutable",
             existing_pins_digest=existing["pins_digest"],
