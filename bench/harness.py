@@ -6,6 +6,7 @@ import asyncio
 import json
 import os
 import platform
+import resource
 import statistics
 import subprocess
 import sys
@@ -74,15 +75,69 @@ async def start_postgres() -> LocalPostgres:
     return pg
 
 
-class Server:
-    """``workflow-streams serve`` in its own process, as in production."""
+def raise_open_files_limit() -> None:
+    """10,000 subscriptions are 10,000 sockets: lift the soft limit to the hard one (also in children)."""
+    _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
-    def __init__(self, dsn: str, log: Path, **env: str) -> None:
+
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def _stat(pid: int) -> list[str] | None:
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # the command name is in parentheses and may hold spaces: split after its closing one
+    return text[text.rindex(")") + 2 :].split()
+
+
+def process_tree(root: int) -> dict[int, list[str]]:
+    """``root`` and all its live descendants: pid -> /proc stat fields after the command name."""
+    children: dict[int, list[int]] = {}
+    fields: dict[int, list[str]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and (stat := _stat(int(entry.name))) is not None:
+            fields[int(entry.name)] = stat
+            children.setdefault(int(stat[1]), []).append(int(entry.name))  # field 4: ppid
+    tree, todo = {}, [root]
+    while todo:
+        pid = todo.pop()
+        if pid in fields:
+            tree[pid] = fields[pid]
+        todo += children.get(pid, [])
+    return tree
+
+
+def process_tree_cpu(root: int) -> float:
+    """CPU seconds (user + system) of ``root`` and its live descendants."""
+    return sum(int(f[11]) + int(f[12]) for f in process_tree(root).values()) / _TICKS  # fields 14, 15
+
+
+def process_tree_rss(root: int) -> int:
+    """Resident bytes of ``root`` and its live descendants."""
+    return sum(int(f[21]) for f in process_tree(root).values()) * resource.getpagesize()  # field 24: rss pages
+
+
+def postmaster_pid(pg: LocalPostgres) -> int:
+    return int((pg.datadir / "postmaster.pid").read_text().split()[0])
+
+
+class Server:
+    """``workflow-streams serve`` in its own process, as in production; ``workers`` passes
+    ``--workers N`` through when given."""
+
+    def __init__(self, dsn: str, log: Path, workers: int | None = None, **env: str) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self._log = log.open("ab")
+        command = [sys.executable, "-m", "workflow_streams.cli", "serve"]
+        if workers is not None:
+            command += ["--workers", str(workers)]
+        raise_open_files_limit()  # the server inherits it: 10,000 subscribers are 10,000 sockets
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "workflow_streams.cli", "serve"],
+            command,
             env={
                 **os.environ,
                 "WFS_DATABASE_URL": dsn,
@@ -108,14 +163,17 @@ class Server:
                             return
                 except aiohttp.ClientError:
                     pass
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"server exited with status {self.proc.returncode}; see {self._log.name}")
                 await asyncio.sleep(0.05)
         raise RuntimeError("server did not start")
 
     def rss_bytes(self) -> int:
-        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-        raise RuntimeError("no VmRSS")
+        """Resident memory of the server and its worker processes."""
+        return process_tree_rss(self.proc.pid)
+
+    def cpu_seconds(self) -> float:
+        return process_tree_cpu(self.proc.pid)
 
     def stop(self) -> None:
         self.proc.terminate()

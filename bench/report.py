@@ -1,99 +1,105 @@
-"""results.json -> results.md and PNG plots."""
+"""results.json -> results.md."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-import matplotlib
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
+def _ms(latency: dict[str, Any], key: str) -> str:
+    return f"{latency[key]:.1f}" if latency.get("n") else "-"
+
+
+def _errors(errors: dict[str, int]) -> str:
+    return ", ".join(f"{k}: {v:,}" for k, v in sorted(errors.items())) or "0"
 
 
 def write_report(results: dict[str, Any], out: Path) -> None:
-    m = results["machine"]
+    m, c = results["machine"], results["ceilings"]
+    workers = results.get("workers")
     lines = [
         "# workflow-streams benchmark",
         "",
         f"Machine: {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB, Linux {m['kernel']}, "
         f"Python {m['python']}, {m['postgres']}. {m['note']}.",
-        f"Started {results['started']}; {results['seconds_per_measurement']} s per throughput measurement.",
+        f"Started {results['started']}, {results['mode']} mode; server `workflow-streams serve`"
+        + (f" `--workers {workers}`" if workers is not None else " (default workers)")
+        + "; load from `wfs-loadgen` (Go). CPU columns are cores busy during the measured window "
+        "(CPU seconds per second): generator, server (all its processes), Postgres (all backends).",
         "",
-        "## Append throughput (records/s): HTTP vs the same transaction on asyncpg directly",
+        f"## Ceilings: pgbench, {c['clients']} clients, {c['seconds']} s each",
         "",
-        "| case | ours | direct asyncpg | ratio |",
-        "| --- | ---: | ---: | ---: |",
+        "| ceiling | tps |",
+        "| --- | ---: |",
+        f"| pgbench `-N` (simple update) | {c['simple_update_tps']:,} |",
+        f"| our append transaction, {c['streams']:,} streams (`bench/pgbench/append.sql`) | {c['append_tps']:,} |",
+        f"| the same with `pg_notify` before COMMIT (`append_notify.sql`) | {c['append_notify_tps']:,} |",
+        "",
+        "## Appends: one 100 B record per request, random stream, keep-alive connections",
+        "",
+        "| case | appends/s | / pgbench -N | / append txn | / with notify | p50 ms | p99 ms | max ms | errors "
+        "| generator CPU | server CPU | Postgres CPU |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: |",
     ]
-    for r in results["append"]:
-        lines.append(f"| {r['case']} | {r['ours_records_per_s']:,} | {r['direct_records_per_s']:,} | {r['ratio']} |")
-    p = results["pgbench"]
+    for r in results["appends"]:
+        lat = r["latency_ms"]
+        lines.append(
+            f"| {r['case']} | {r['appends_per_s']:,} | {r['x_pgbench_simple']} | {r['x_pgbench_append']} | "
+            f"{r['x_pgbench_append_notify']} | {_ms(lat, 'p50')} | {_ms(lat, 'p99')} | {_ms(lat, 'max')} | "
+            f"{_errors(r['errors'])} | {r['generator_cores']} | {r['server_cores']} | {r['postgres_cores']} |"
+        )
     lines += [
         "",
-        f"pgbench `-N`, {p['clients']} clients: {p['tps']:,} tps; ours with 8 producers "
-        f"{p['ours_8_producers_per_s']:,} appends/s: **ratio {p['ratio']}**.",
+        "## Live delivery over SSE: append → subscriber latency, every subscriber's sequences checked",
         "",
-        "## Append → SSE delivery latency (ms) vs a bare committed NOTIFY → LISTEN",
+        "Connect: time until every subscriber had its response and first `retry:` line (server CPU during "
+        "it in brackets). Delivered/expected counts records over all subscribers; duplicates, gaps and "
+        "missing must be 0.",
         "",
-        "| subscribers | p50 | p99 | p99.9 | NOTIFY p50 | NOTIFY p99 | ratio p50 | ratio p99 |",
-        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| case | connect s | delivered / expected | dup | gaps | missing | p50 ms | p99 ms | max ms "
+        "| appends/s sent | generator CPU | server CPU | Postgres CPU | server KiB / subscriber |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
-    for r in results["latency"]:
-        o, b = r["ours_ms"], r["listen_notify_ms"]
+    for r in results["sse"]:
+        if "failed" in r:
+            lines.append(f"| {r['case']} | failed: {r['failed'][:200]} |" + " |" * 12)
+            continue
+        lat, g = r["latency_ms"], r["generator"]
+        connected = "" if r["connected"] == r["subscribers"] else f" ({r['connected']:,} connected)"
         lines.append(
-            f"| {r['subscribers']} | {o['p50']:.2f} | {o['p99']:.2f} | {o['p99.9']:.2f} | {b['p50']:.2f} | "
-            f"{b['p99']:.2f} | {r['ratio_p50']} | {r['ratio_p99']} |"
+            f"| {r['case']} | {r['connect_s']:.2f} ({r['connect']['server_cpu_s']:.1f} CPU s){connected} | "
+            f"{r['delivered']:,} / {r['expected']:,} | {r['duplicates']} | {r['gaps']} | {r['missing']} | "
+            f"{_ms(lat, 'p50')} | {_ms(lat, 'p99')} | {_ms(lat, 'max')} | {g['appends_per_s']:g} | "
+            f"{r['generator_cores']} | {r['server_cores']} | {r['postgres_cores']} | "
+            f"{r['server_kib_per_subscriber']} |"
         )
-    c = results["catch_up"]
-    lines += [
-        "",
-        "## Catch-up read from a cold cursor",
-        "",
-        f"{c['records']:,} records of 1 KiB: ours {c['ours_records_per_s']:,} records/s "
-        f"({c['ours_mb_per_s']} MB/s of JSON) vs the same SELECT on asyncpg {c['direct_records_per_s']:,} "
-        f"records/s: **ratio {c['ratio']}**.",
-        "",
-        "## Memory of idle SSE subscribers vs a bare aiohttp server holding idle streams",
-        "",
-        "| subscribers | ours KiB each | bare aiohttp KiB each | ratio | server RSS MiB |",
-        "| ---: | ---: | ---: | ---: | ---: |",
+    problems = [
+        f"- {r['case']}: connect errors {_errors(r['generator']['connect_errors'])}; "
+        f"disconnects {_errors(r['generator']['disconnects'])}; "
+        f"append errors {_errors(r['generator']['append_errors'])}"
+        for r in results["sse"]
+        if "failed" not in r
+        and (r["generator"]["connect_errors"] or r["generator"]["disconnects"] or r["generator"]["append_errors"])
     ]
-    for r in results["memory"]:
-        lines.append(
-            f"| {r['subscribers']:,} | {r['ours_kib_per_subscriber']} | {r['bare_aiohttp_kib_per_stream']} | "
-            f"{r['ratio']} | {r['ours_rss_mib']} |"
-        )
-    if "nats" in results:
-        n = results["nats"]
-        lines += ["", f"## Peer: {n['version']}", "", "| figure | ours / NATS |", "| --- | ---: |"]
-        lines += [f"| {k.replace('_', ' ')} | {v} |" for k, v in n["ratios"].items()]
+    if problems:
+        lines += ["", "Errors seen by the generator:", "", *problems]
+    cu = results.get("catch_up")
+    if cu:
         lines += [
             "",
-            f"NATS throughput {n['throughput']} msgs/s; latency with 1 subscriber "
+            "## Catch-up read from a cold cursor",
+            "",
+            f"{cu['records']:,} records of 1 KiB, pages of 1,000: {cu['ours_records_per_s']:,} records/s "
+            f"({cu['ours_mb_per_s']} MB/s of JSON) vs the same SELECT on asyncpg {cu['direct_records_per_s']:,} "
+            f"records/s: ratio {cu['ratio']}.",
+        ]
+    if "nats" in results:
+        n = results["nats"]
+        lines += [
+            "",
+            f"## Peer: {n['version']} (driven by the Python client, which bounds these figures)",
+            "",
+            f"Publishes/s by producers: {n['throughput']}; latency with 1 subscriber "
             f"p50 {n['latency_1_subscriber_ms']['p50']:.2f} ms, p99 {n['latency_1_subscriber_ms']['p99']:.2f} ms.",
         ]
     (out / "results.md").write_text("\n".join(lines) + "\n")
-
-    fig, ax = plt.subplots(figsize=(9, 4.5))
-    cases = [r["case"] for r in results["append"]]
-    ax.barh(cases, [r["ratio"] for r in results["append"]], color="#4477aa")
-    ax.axvline(1.0, color="black", linewidth=0.8)
-    ax.set_xlabel("ours / direct asyncpg (records/s)")
-    ax.set_title("Append throughput relative to the Postgres transaction alone")
-    fig.tight_layout()
-    fig.savefig(out / "append_ratio.png", dpi=110)
-    plt.close(fig)
-
-    fig, ax = plt.subplots(figsize=(7, 4))
-    subs = [str(r["subscribers"]) for r in results["latency"]]
-    for key, color in (("p50", "#4477aa"), ("p99", "#ee6677"), ("p99.9", "#228833")):
-        ax.plot(subs, [r["ours_ms"][key] for r in results["latency"]], marker="o", label=key, color=color)
-    ax.axhline(results["latency"][0]["listen_notify_ms"]["p50"], color="gray", linestyle="--", label="NOTIFY p50")
-    ax.set_xlabel("subscribers")
-    ax.set_ylabel("append → SSE latency (ms)")
-    ax.set_yscale("log")
-    ax.legend()
-    ax.set_title("Delivery latency")
-    fig.tight_layout()
-    fig.savefig(out / "latency.png", dpi=110)
-    plt.close(fig)

@@ -1,7 +1,10 @@
-"""Run the benchmarks: ``python -m bench.run [--quick] [--profile] [--out DIR]``.
+"""Run the benchmarks: ``python -m bench.run [--quick] [--workers N] [--nats] [--out DIR]``.
 
-Writes results.json, results.md and PNG plots, with the machine described. Every figure is a ratio
-to a baseline measured in the same run, so results from different machines stay comparable.
+Starts its own PostgreSQL (fsync on), measures the Postgres ceilings with pgbench, then runs
+``workflow-streams serve`` as a separate process and drives it with the compiled generator
+(``bench/loadgen``). Writes results.json and results.md into --out, with the machine described;
+every throughput is also a ratio to pgbench ``-N`` measured in the same run, and every figure has
+the generator's, the server's and Postgres' CPU beside it.
 """
 
 from __future__ import annotations
@@ -10,108 +13,62 @@ import argparse
 import asyncio
 import datetime as dt
 import json
-import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
-from bench import nats_peer, scenarios
-from bench.harness import Server, machine, start_postgres
-
-CACHE_BIN = Path(os.environ.get("WFS_CACHE", Path.home() / ".cache" / "workflow-streams")) / "bin"
+from bench import generator, nats_peer, scenarios
+from bench.harness import Server, machine, raise_open_files_limit, start_postgres
+from bench.report import write_report
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
-    seconds = 1.5 if args.quick else 4.0
+    timing = scenarios.QUICK if args.quick else scenarios.FULL
+    await asyncio.to_thread(generator.binary)  # built before anything is timed
     pg = await start_postgres()
-    server = Server(pg.dsn, out / "server.log")
-    await server.ready()
     results: dict[str, Any] = {
         "machine": machine(),
         "started": dt.datetime.now(dt.UTC).isoformat(),
-        "seconds_per_measurement": seconds,
+        "mode": "quick" if args.quick else "full",
+        "workers": args.workers,
+        "timing": timing.__dict__,
     }
-    profiler = None
+    server = None
     try:
-        if args.profile:
-            profiler = subprocess.Popen(
-                [
-                    str(Path(sys.executable).parent / "py-spy"),
-                    "record",
-                    "--pid",
-                    str(server.proc.pid),
-                    "--format",
-                    "speedscope",
-                    "--output",
-                    str(out / "profile.speedscope.json"),
-                    "--rate",
-                    "200",
-                ],
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
-        print("append throughput", flush=True)
-        results["append"] = await scenarios.append_throughput(server, pg.dsn, seconds)
-        tps = await asyncio.to_thread(scenarios.pgbench_tps, pg, seconds)
-        eight = next(r for r in results["append"] if r["case"] == "8 producers, 100 B")
-        results["pgbench"] = {
-            "clients": 8,
-            "tps": round(tps),
-            "ours_8_producers_per_s": eight["ours_records_per_s"],
-            "ratio": round(eight["ours_records_per_s"] / tps, 3),
-        }
-        print(f"  pgbench -N 8 clients: {tps:.0f} tps", flush=True)
-        print("append -> SSE delivery latency", flush=True)
-        results["latency"] = await scenarios.delivery_latency(server, pg.dsn, 60 if args.quick else 150)
+        # the ceilings first, while nothing else uses Postgres
+        print("ceilings: pgbench", flush=True)
+        results["ceilings"] = await asyncio.to_thread(scenarios.pgbench_ceilings, pg, timing.pgbench_seconds)
+        server = Server(pg.dsn, out / "server.log", workers=args.workers)
+        await server.ready()
+        print("appends", flush=True)
+        results["appends"] = await scenarios.appends(server, pg, timing, results["ceilings"])
+        await scenarios.settle()
+        print("live delivery over SSE", flush=True)
+        results["sse"] = await scenarios.deliveries(server, pg, timing)
+        await scenarios.settle()
         print("catch-up read", flush=True)
-        results["catch_up"] = await scenarios.catch_up(server, pg.dsn, 20_000 if args.quick else 50_000)
-        if profiler is not None:
-            profiler.send_signal(signal.SIGINT)  # py-spy writes its profile on SIGINT
-            profiler.wait(60)
-        print("memory per idle subscriber", flush=True)
-        results["memory"] = await scenarios.subscriber_memory(server, (1000, 10_000), out)
+        results["catch_up"] = await scenarios.catch_up(server, pg.dsn, timing.catch_up_records)
     finally:
-        server.stop()
+        if server is not None:
+            server.stop()
         await asyncio.to_thread(pg.destroy)
-    nats_bin = CACHE_BIN / "nats-server"
-    if nats_bin.is_file():
-        print("peer: NATS JetStream", flush=True)
-        peer = await nats_peer.measure(nats_bin, seconds, 60 if args.quick else 150)
-        ours_tp = {1: "1 producer, 100 B", 8: "8 producers, 100 B", 32: "32 producers, 100 B"}
-        peer["ratios"] = {
-            f"throughput_{n}_producers": round(
-                next(r for r in results["append"] if r["case"] == case)["ours_records_per_s"] / peer["throughput"][n], 3
-            )
-            for n, case in ours_tp.items()
-        }
-        ours_lat = results["latency"][0]["ours_ms"]
-        peer["ratios"]["latency_p50_1_subscriber"] = round(ours_lat["p50"] / peer["latency_1_subscriber_ms"]["p50"], 3)
-        peer["ratios"]["latency_p99_1_subscriber"] = round(ours_lat["p99"] / peer["latency_1_subscriber_ms"]["p99"], 3)
-        results["nats"] = peer
-    (out / "results.json").write_text(json.dumps(results, indent=2))
-    from bench.report import write_report
-
+    nats_bin = generator.CACHE_BIN / "nats-server"
+    if args.nats and nats_bin.is_file():
+        print("peer: NATS JetStream (Python client: its figures are bounded by the client)", flush=True)
+        results["nats"] = await nats_peer.measure(nats_bin, timing.append_seconds, 100 if args.quick else 300)
+    (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     write_report(results, out)
+    print(f"wrote {out / 'results.md'} and {out / 'results.json'}", flush=True)
     return results
 
 
-def _raise_open_files_limit() -> None:
-    """10,000 subscriptions need 10,000 sockets in this process."""
-    import resource
-
-    _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-
-
 def main() -> None:
-    _raise_open_files_limit()
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--quick", action="store_true", help="short measurements (smoke run)")
-    parser.add_argument("--profile", action="store_true", help="py-spy the server during the load phases")
+    raise_open_files_limit()
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="short measurements (~3 minutes instead of ~10)")
+    parser.add_argument("--workers", type=int, help="pass --workers N to `workflow-streams serve`")
+    parser.add_argument("--nats", action="store_true", help="also measure NATS JetStream (built by bootstrap)")
     parser.add_argument("--out", type=Path, default=Path("bench/results/latest"))
     asyncio.run(run(parser.parse_args()))
 

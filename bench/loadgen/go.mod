@@ -1,0 +1,3 @@
+module workflow-streams/bench/loadgen
+
+go 1.22

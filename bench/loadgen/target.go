@@ -1,0 +1,129 @@
+package main
+
+import (
+	"bytes"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"time"
+)
+
+// target is the server, run and streams a measurement talks to; the streams are {prefix}{i}.
+type target struct {
+	base    *url.URL // e.g. http://127.0.0.1:8080/api/workflow-streams
+	token   string
+	run     string
+	prefix  string
+	streams int
+	pins    string // when set, the streams are created with these pins first
+}
+
+func (t *target) flags(fs *flag.FlagSet) (base *string) {
+	base = fs.String("url", "http://127.0.0.1:8080/api/workflow-streams", "API base URL")
+	fs.StringVar(&t.token, "token", "", "bearer token")
+	fs.StringVar(&t.run, "run", "bench", "run id")
+	fs.StringVar(&t.prefix, "prefix", "bench-", "stream ids are {prefix}{i}")
+	fs.IntVar(&t.streams, "streams", 1, "number of streams")
+	fs.StringVar(&t.pins, "create", "", "pins JSON: create the streams with it before measuring")
+	return base
+}
+
+func (t *target) parse(base string) error {
+	u, err := url.Parse(strings.TrimRight(base, "/"))
+	if err != nil || u.Scheme != "http" || u.Host == "" {
+		return fmt.Errorf("-url must be an http:// URL, got %q", base)
+	}
+	if t.streams < 1 {
+		return fmt.Errorf("-streams must be at least 1")
+	}
+	t.base = u
+	return nil
+}
+
+func (t *target) stream(i int) string { return fmt.Sprintf("%s%d", t.prefix, i) }
+
+func (t *target) recordsURL(i int) string {
+	return fmt.Sprintf("%s/runs/%s/streams/%s/records", t.base, t.run, t.stream(i))
+}
+
+func (t *target) post(client *http.Client, url string, body []byte) (int, []byte, error) {
+	req, err := http.NewRequest(http.MethodPost, url, bytes.NewReader(body))
+	if err != nil {
+		return 0, nil, err
+	}
+	req.Header.Set("Authorization", "Bearer "+t.token)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := client.Do(req)
+	if err != nil {
+		return 0, nil, err
+	}
+	defer resp.Body.Close()
+	// read it all, so the keep-alive connection is reused
+	answer, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, answer, err
+}
+
+// create makes the streams (200 or 201 each), a few at a time; not part of any measurement.
+func (t *target) create(client *http.Client) error {
+	if t.pins == "" {
+		return nil
+	}
+	url := fmt.Sprintf("%s/runs/%s/streams", t.base, t.run)
+	work := make(chan int)
+	errs := make(chan error, t.streams)
+	var wg sync.WaitGroup
+	for w := 0; w < 16; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range work {
+				body := fmt.Sprintf(`{"stream_id":%q,"pins":%s}`, t.stream(i), t.pins)
+				status, answer, err := t.post(client, url, []byte(body))
+				if err == nil && status != 200 && status != 201 {
+					err = fmt.Errorf("creating %s: %d %s", t.stream(i), status, answer)
+				}
+				if err != nil {
+					errs <- err
+				}
+			}
+		}()
+	}
+	for i := 0; i < t.streams; i++ {
+		work <- i
+	}
+	close(work)
+	wg.Wait()
+	close(errs)
+	return <-errs // nil when the channel is empty
+}
+
+func newClient(conns int) *http.Client {
+	return &http.Client{
+		Timeout: 60 * time.Second,
+		Transport: &http.Transport{
+			MaxConnsPerHost:     conns,
+			MaxIdleConnsPerHost: conns,
+			MaxIdleConns:        conns,
+			DisableCompression:  true,
+			IdleConnTimeout:     90 * time.Second,
+		},
+	}
+}
+
+// errorKey names a failure for the report: the HTTP status, or what went wrong below HTTP.
+func errorKey(status int, err error) string {
+	if err != nil {
+		msg := err.Error()
+		for _, kind := range []string{"connection refused", "connection reset", "timeout", "EOF", "broken pipe"} {
+			if strings.Contains(msg, kind) {
+				return kind
+			}
+		}
+		return "transport"
+	}
+	return fmt.Sprint(status)
+}
