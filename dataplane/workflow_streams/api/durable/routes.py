@@ -1,0 +1,269 @@
+"""The protocol's operations on ``/v1/stream/<name>``: PUT creates, HEAD reports, GET reads (catch-up,
+long-poll, SSE), POST appends and closes, DELETE removes. Thin: rules live in ``domain.durable``, SQL in
+``store.durable``; appends go through the shared append path and reads through the shared read
+functions, so credit, wakes and the cursor rule are the same as on our own API."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from ... import metrics
+from ...domain import durable as rules
+from ...domain.authz import Action, Principal, may_see, require
+from ...domain.durable_pins import default_template, pins_for
+from ...domain.errors import Forbidden, InvalidInput, RequestTimeout, StreamClosed
+from ...domain.placement import check_egress
+from ...domain.records import RecordIn
+from ...runtime import group_commit
+from ...store import durable as store
+from ...store.appends import AppendRequest
+from ..common import client_region_of
+from ..state import AppState, principal_of, state_of
+from . import headers as h
+from . import live
+from .pages import page_response, read_page, trimmed
+
+STREAM_PATH = "/v1/stream/{name:.+}"
+ANONYMOUS = Principal("anonymous")
+
+
+@dataclass(frozen=True)
+class Call:
+    """Who is asking about which stream."""
+
+    app: AppState
+    principal: Principal
+    run_id: str
+    stream_id: str
+
+
+async def _call(request: web.Request) -> Call:
+    app = state_of(request)
+    # anonymous only when the server was started to allow it; a token that is sent is always checked
+    if app.settings.durable_anonymous and "Authorization" not in request.headers:
+        principal = ANONYMOUS
+    else:
+        # EventSource cannot send headers: SSE also takes ?access_token=, as our subscribe does
+        principal = await principal_of(request, allow_query_token=request.query.get("live") == "sse")
+    run_id, stream_id = rules.stream_key(request.match_info["name"], app.settings.durable_run_id)
+    return Call(app, principal, run_id, stream_id)
+
+
+def _authorize(call: Call, meta: store.Meta, action: Action, request: web.Request | None = None) -> None:
+    """A caller without the right learns nothing: the stream answers 404 as if it did not exist."""
+    require(meta.pins.authorization, call.principal, action)
+    if request is not None:
+        check_egress(meta.pins, client_region_of(request))
+
+
+async def _body(request: web.Request, app: AppState) -> bytes:
+    seconds = app.settings.body_timeout_seconds
+    try:
+        async with asyncio.timeout(seconds):
+            return await request.read()
+    except TimeoutError:
+        raise RequestTimeout(f"the request body did not arrive within {seconds:g} s") from None
+
+
+def _records(meta_content_type: str, body: bytes, allow_empty: bool) -> list[RecordIn]:
+    if rules.is_json_mode(meta_content_type):
+        messages = rules.json_messages(body, allow_empty)
+    else:
+        messages = rules.byte_chunks(body)
+    return [RecordIn(content_type=meta_content_type, payload=m) for m in messages]
+
+
+def _stream_headers(meta: store.Meta) -> dict[str, str]:
+    headers = {"Content-Type": meta.content_type}
+    ttl = meta.lifetime.remaining_ttl(meta.accessed_at, meta.now)
+    if ttl is not None:
+        headers[h.TTL] = str(meta.lifetime.ttl_seconds)
+    if meta.lifetime.expires_at is not None:
+        headers[h.EXPIRES_AT] = rules.format_rfc3339(meta.lifetime.expires_at)
+    return headers
+
+
+async def options(request: web.Request) -> web.Response:
+    return h.preflight(request)
+
+
+async def put(request: web.Request) -> web.Response:
+    call = await _call(request)
+    settings = call.app.settings
+    content_type = rules.check_content_type(request.headers.get("Content-Type") or rules.DEFAULT_CONTENT_TYPE)
+    lifetime = rules.parse_lifetime(request.headers.get(h.TTL), request.headers.get(h.EXPIRES_AT))
+    closed = request.headers.get(h.CLOSED, "").lower() == "true"
+    body = await _body(request, call.app)
+    initial = _records(content_type, body, allow_empty=True) if body else []
+    template = settings.durable_template or default_template(settings.region, settings.metadata_region)
+    pins = pins_for(template, call.principal.name)
+    async with call.app.pool.acquire() as conn:
+        await store.sweep_expired(conn)
+        try:
+            created = await store.create(
+                conn, call.run_id, call.stream_id, pins, call.principal, content_type, lifetime, closed, initial
+            )
+        except rules.ConfigConflict as exc:
+            existing: store.Meta = exc.extra["meta"]
+            if not may_see(existing.pins.authorization, call.principal):
+                raise Forbidden("not visible") from None
+            raise
+    call.app.hub.publish(created.signals)  # committed
+    meta = created.meta
+    if not created.created and not may_see(meta.pins.authorization, call.principal):
+        raise Forbidden("not visible")
+    headers = {**_stream_headers(meta), h.NEXT_OFFSET: rules.encode_offset(meta.last_sequence)}
+    if meta.closed:
+        headers[h.CLOSED] = "true"
+    if created.created:
+        headers["Location"] = str(request.url.with_query(None))
+    return web.Response(status=201 if created.created else 200, headers=headers)
+
+
+async def head(request: web.Request) -> web.Response:
+    call = await _call(request)
+    async with call.app.pool.acquire() as conn:
+        meta = await store.load(conn, call.run_id, call.stream_id)
+    _authorize(call, meta, "read")
+    headers = {
+        **_stream_headers(meta),
+        h.NEXT_OFFSET: rules.encode_offset(meta.last_sequence),
+        "Cache-Control": h.NO_STORE,
+    }
+    if meta.closed:
+        headers[h.CLOSED] = "true"
+    return web.Response(status=200, headers=headers)
+
+
+async def delete(request: web.Request) -> web.Response:
+    call = await _call(request)
+    async with call.app.pool.acquire() as conn:
+        meta = await store.load(conn, call.run_id, call.stream_id)
+        # deleting ends the stream for everyone: the right that ends streams
+        _authorize(call, meta, "close")
+        if not meta.created_here:
+            raise web.HTTPMethodNotAllowed(
+                "DELETE", ["GET", "HEAD", "POST", "PUT"], reason="streams of our own API are not deleted here"
+            )
+        await store.delete(conn, meta)
+    return web.Response(status=204)
+
+
+async def get(request: web.Request) -> web.StreamResponse:
+    call = await _call(request)
+    offset = rules.parse_offset(request.query.getall("offset", []))
+    mode = request.query.get("live")
+    if mode not in (None, "long-poll", "sse"):
+        raise InvalidInput("live must be long-poll or sse", field="live")
+    if mode is not None and "offset" not in request.query:
+        raise InvalidInput(f"live={mode} needs an offset", field="offset")
+    async with call.app.pool.acquire() as conn:
+        meta = await store.load(conn, call.run_id, call.stream_id)
+        _authorize(call, meta, "read" if mode is None else "subscribe", request)
+        await store.touch(conn, meta)
+    after = meta.last_sequence if offset.after is None else offset.after
+    if mode == "long-poll":
+        return await live.long_poll(request, call.app, meta, after)
+    if mode == "sse":
+        return await live.sse(request, call.app, meta, after)
+    if offset.is_now:
+        return _now(meta)
+    async with call.app.pool.acquire() as conn:
+        page = trimmed(await read_page(conn, meta, after))
+    metrics.READ_RECORDS.inc(len(page.records))
+    return page_response(request, meta, after, page)
+
+
+def _now(meta: store.Meta) -> web.Response:
+    """``offset=now``: no data, the tail, and nothing a cache may keep (PROTOCOL.md 6)."""
+    headers = {
+        "Content-Type": meta.content_type,
+        h.NEXT_OFFSET: rules.encode_offset(meta.last_sequence),
+        h.UP_TO_DATE: "true",
+        "Cache-Control": h.NO_STORE,
+    }
+    if meta.closed:
+        headers[h.CLOSED] = "true"
+    return web.Response(body=b"[]" if rules.is_json_mode(meta.content_type) else b"", headers=headers)
+
+
+async def post(request: web.Request) -> web.Response:
+    call = await _call(request)
+    closing = request.headers.get(h.CLOSED, "").lower() == "true"
+    producer = rules.parse_producer(request.headers)
+    stream_seq = request.headers.get(h.SEQ)
+    content_type = request.headers.get("Content-Type")  # not request.content_type: absent must stay absent
+    body = await _body(request, call.app)
+    if not body and not closing:
+        raise InvalidInput("an append needs a body (or Stream-Closed: true to close)", field="/")
+    if body and not content_type:
+        raise InvalidInput("an append needs a Content-Type", field="Content-Type")
+    async with call.app.pool.acquire() as conn:
+        meta = await store.load(conn, call.run_id, call.stream_id)
+    if not may_see(meta.pins.authorization, call.principal):
+        raise Forbidden("not visible")
+    # a closed stream answers that first, whatever else is wrong with the request (the locked path
+    # decides again; this only orders the errors as the protocol does)
+    retry_of_close = producer is not None and meta.closed_by == producer
+    if meta.closed and not retry_of_close and not (closing and not body and producer is None):
+        raise store.ClosedStream(meta.last_sequence)
+    records: list[RecordIn] = []
+    if body:
+        assert content_type is not None
+        if rules.media_type(content_type) != rules.media_type(meta.content_type):
+            raise rules.ContentTypeMismatch(
+                f"the stream's content type is {meta.content_type}, not {content_type}",
+                stream_content_type=meta.content_type,
+            )
+        records = _records(meta.content_type, body, allow_empty=False)
+    plan = store.AppendPlan(records, content_type, producer, stream_seq, closing)
+    with metrics.APPEND_SECONDS.time():
+        outcome = await _append(call, meta, plan)
+    return _appended(outcome, producer, wrote=bool(records))
+
+
+async def _append(call: Call, meta: store.Meta, plan: store.AppendPlan) -> store.AppendOutcome:
+    app, run_id, stream_id = call.app, call.run_id, call.stream_id
+    if plan.producer is None and plan.stream_seq is None and not plan.close:
+        # a plain append: the shared path (group commit, credit waits) like any append of our API
+        request = AppendRequest(run_id, stream_id, plan.records, call.principal)
+        try:
+            result = await group_commit.append_records(app.appends, app.hub, request)
+        except StreamClosed:
+            async with app.pool.acquire() as conn:
+                raise store.ClosedStream((await store.load(conn, run_id, stream_id)).last_sequence) from None
+        if meta.lifetime.ttl_seconds is not None:
+            async with app.pool.acquire() as conn:
+                await store.touch(conn, meta)
+        return store.AppendOutcome(result.last_sequence, False, False, None, [])
+
+    async def attempt() -> store.AppendOutcome:
+        async with app.pool.acquire() as conn:
+            return await store.append_guarded(conn, run_id, stream_id, plan, call.principal)
+
+    # the producer, Stream-Seq and close decisions need the append's own transaction; credit waits
+    # are the shared ones
+    outcome = await group_commit.with_credit_wait(app.hub, run_id, stream_id, attempt)
+    app.hub.publish(outcome.signals)  # committed
+    return outcome
+
+
+def _appended(outcome: store.AppendOutcome, producer: rules.Producer | None, wrote: bool) -> web.Response:
+    headers = {h.NEXT_OFFSET: rules.encode_offset(outcome.last_sequence)}
+    if outcome.closed:
+        headers[h.CLOSED] = "true"
+    if producer is None:
+        return web.Response(status=204, headers=headers)
+    state = outcome.producer
+    headers[h.PRODUCER_EPOCH] = str(state.epoch if state else producer.epoch)
+    # the highest sequence accepted for this epoch, also on a duplicate
+    headers[h.PRODUCER_SEQ] = str(state.last_seq if state else producer.seq)
+    # a producer's new records are 200; a duplicate, or a close without records, 204
+    return web.Response(status=200 if wrote and not outcome.duplicate else 204, headers=headers)
+
+
+async def not_found(request: web.Request) -> web.Response:
+    raise web.HTTPNotFound(reason="streams are at /v1/stream/<name>")

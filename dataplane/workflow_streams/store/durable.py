@@ -1,0 +1,377 @@
+"""The Durable Streams surface's state in Postgres: what the protocol adds to a stream (content type,
+lifetime, Stream-Seq, producers, who closed it) next to the stream's own row.
+
+Decisions that must be atomic with an append (producer sequences, Stream-Seq, close) are made under the
+stream's row lock in the append's own transaction, through ``appends.append_locked``: the same credit
+rules and records as every other append; the caller publishes the returned wake signals after COMMIT.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+
+import asyncpg
+
+from ..domain.authz import Principal, require
+from ..domain.durable import (
+    ConfigConflict,
+    ContentTypeMismatch,
+    Lifetime,
+    Producer,
+    ProducerGap,
+    ProducerState,
+    StaleProducerEpoch,
+    Verdict,
+    check_stream_seq,
+    decide_producer,
+    media_type,
+)
+from ..domain.errors import InvalidInput, PinsConflict, StreamClosed, StreamHeld, StreamNotFound
+from ..domain.pins import StreamPins
+from ..domain.records import RecordIn
+from ..domain.wakes import RECORDS, Signal
+from . import appends, definitions
+from .definitions import lock_stream, pins_of
+
+OWN_CONTENT_TYPE = "application/json"
+
+_SELECT = """
+SELECT s.run_id, s.stream_id, s.pins, s.pins_digest, s.last_sequence, s.earliest_sequence, s.closed_at,
+       s.created_at, d.content_type, d.ttl_seconds, d.expires_at, d.accessed_at, d.stream_seq,
+       d.closed_by_producer, d.closed_by_epoch, d.closed_by_seq, d.adopted, d.created_at AS ds_created_at,
+       clock_timestamp() AS db_now
+FROM wfs_streams s LEFT JOIN wfs_durable_streams d USING (run_id, stream_id)
+WHERE s.run_id = $1 AND s.stream_id = $2
+"""
+
+
+@dataclass(frozen=True)
+class Meta:
+    """A stream as the protocol sees it. Streams of our own API (no protocol row, or one adopted for a
+    producer or Stream-Seq) are JSON streams without a lifetime."""
+
+    run_id: str
+    stream_id: str
+    pins: StreamPins
+    content_type: str
+    lifetime: Lifetime
+    accessed_at: dt.datetime
+    created_at: dt.datetime
+    last_sequence: int
+    earliest_sequence: int
+    closed: bool
+    stream_seq: str | None
+    closed_by: Producer | None
+    # created through the protocol (PUT), as opposed to one of our own streams
+    created_here: bool
+    now: dt.datetime
+
+    @property
+    def expired(self) -> bool:
+        return self.lifetime.expired(self.accessed_at, self.now)
+
+    @property
+    def incarnation(self) -> str:
+        """Tells a re-created stream from the one deleted before it."""
+        return f"{int(self.created_at.timestamp() * 1_000_000):x}"
+
+    def same_config(self, content_type: str, lifetime: Lifetime, closed: bool) -> bool:
+        return (
+            media_type(self.content_type) == media_type(content_type)
+            and self.lifetime == lifetime
+            and self.closed == closed
+        )
+
+
+def _meta(row: asyncpg.Record) -> Meta:
+    has_row = row["content_type"] is not None
+    closed_by = None
+    if row["closed_by_producer"] is not None:
+        closed_by = Producer(row["closed_by_producer"], row["closed_by_epoch"], row["closed_by_seq"])
+    return Meta(
+        run_id=row["run_id"],
+        stream_id=row["stream_id"],
+        pins=pins_of(row),
+        content_type=row["content_type"] if has_row else OWN_CONTENT_TYPE,
+        lifetime=Lifetime(row["ttl_seconds"], row["expires_at"]) if has_row else Lifetime(),
+        accessed_at=row["accessed_at"] or row["db_now"],
+        created_at=row["created_at"],
+        last_sequence=row["last_sequence"],
+        earliest_sequence=row["earliest_sequence"],
+        closed=row["closed_at"] is not None,
+        stream_seq=row["stream_seq"],
+        closed_by=closed_by,
+        created_here=has_row and not row["adopted"],
+        now=row["db_now"],
+    )
+
+
+async def fetch(conn: asyncpg.Connection, run_id: str, stream_id: str) -> Meta | None:
+    row = await conn.fetchrow(_SELECT, run_id, stream_id)
+    return _meta(row) if row is not None else None
+
+
+async def load(conn: asyncpg.Connection, run_id: str, stream_id: str) -> Meta:
+    """The stream, or StreamNotFound; an expired stream is deleted here (not inside a caller's
+    transaction, which could roll the deletion back) and is not found either."""
+    meta = await fetch(conn, run_id, stream_id)
+    if meta is None:
+        raise StreamNotFound("no such stream")
+    if meta.expired:
+        await _delete_expired(conn, meta)
+        raise StreamNotFound("the stream expired")
+    return meta
+
+
+async def _delete_expired(conn: asyncpg.Connection, meta: Meta) -> bool:
+    try:
+        await definitions.delete_stream(conn, meta.run_id, meta.stream_id)
+    except StreamHeld:
+        return False  # a legal hold keeps the records; the protocol still sees no stream
+    return True
+
+
+async def touch(conn: asyncpg.Connection, meta: Meta) -> None:
+    """A read or write renews a sliding TTL (HEAD does not)."""
+    if meta.lifetime.ttl_seconds is not None:
+        await conn.execute(
+            """UPDATE wfs_durable_streams SET accessed_at = clock_timestamp()
+               WHERE run_id = $1 AND stream_id = $2""",
+            meta.run_id,
+            meta.stream_id,
+        )
+
+
+@dataclass(frozen=True)
+class Created:
+    meta: Meta
+    created: bool
+    # to publish after COMMIT
+    signals: list[Signal]
+
+
+async def create(
+    conn: asyncpg.Connection,
+    run_id: str,
+    stream_id: str,
+    pins: StreamPins,
+    principal: Principal,
+    content_type: str,
+    lifetime: Lifetime,
+    closed: bool,
+    initial: list[RecordIn],
+) -> Created:
+    """Create the stream with its initial records (and closed if asked), or find the same one: the
+    same content type, lifetime and closed flag answer it again, anything else is a conflict. Callers
+    decide who may learn that an existing stream exists."""
+    async with conn.transaction():
+        existing = await fetch(conn, run_id, stream_id)
+        if existing is not None and existing.expired and await _delete_expired(conn, existing):
+            existing = None
+        if existing is None:
+            try:
+                _, created = await definitions.create_definition(conn, run_id, stream_id, pins, principal.name)
+            except PinsConflict:
+                created = False  # created concurrently by someone else
+            if created:
+                await conn.execute(
+                    """INSERT INTO wfs_durable_streams (run_id, stream_id, content_type, ttl_seconds, expires_at)
+                       VALUES ($1, $2, $3, $4, $5)""",
+                    run_id,
+                    stream_id,
+                    content_type,
+                    lifetime.ttl_seconds,
+                    lifetime.expires_at,
+                )
+                signals = []
+                if initial:
+                    _, batch = await appends.append_locked(conn, run_id, stream_id, initial, principal)
+                    signals += batch.signals()
+                if closed:
+                    state = await definitions.close_stream(conn, run_id, stream_id, principal)
+                    signals.append(Signal(RECORDS, run_id, stream_id, 0, state.last_sequence))
+                return Created(await _fetch_existing(conn, run_id, stream_id), True, signals)
+            existing = await _fetch_existing(conn, run_id, stream_id)
+        if not existing.same_config(content_type, lifetime, closed):
+            conflict = ConfigConflict("the stream exists with another content type, lifetime or closed state")
+            conflict.extra["meta"] = existing
+            raise conflict
+        return Created(existing, False, [])
+
+
+async def _fetch_existing(conn: asyncpg.Connection, run_id: str, stream_id: str) -> Meta:
+    meta = await fetch(conn, run_id, stream_id)
+    if meta is None:  # deleted between two statements: the caller may retry
+        raise StreamNotFound("the stream was deleted while being created")
+    return meta
+
+
+@dataclass(frozen=True)
+class AppendPlan:
+    records: list[RecordIn]
+    content_type: str | None
+    producer: Producer | None
+    stream_seq: str | None
+    close: bool
+
+
+@dataclass(frozen=True)
+class AppendOutcome:
+    # the sequence of the stream's last record after this request
+    last_sequence: int
+    duplicate: bool
+    closed: bool
+    producer: ProducerState | None
+    # to publish after COMMIT
+    signals: list[Signal]
+
+
+def closes_again(plan: AppendPlan) -> bool:
+    """Closing a closed stream again, without records or a producer, is idempotent success."""
+    return plan.close and not plan.records and plan.producer is None
+
+
+class ClosedStream(StreamClosed):
+    """An append to a closed stream; carries the final tail for the Stream-Next-Offset header."""
+
+    def __init__(self, last_sequence: int) -> None:
+        super().__init__("the stream is closed; appends are rejected")
+        self.last_sequence = last_sequence
+
+
+async def append_guarded(
+    conn: asyncpg.Connection, run_id: str, stream_id: str, plan: AppendPlan, principal: Principal
+) -> AppendOutcome:
+    """An append (and/or close) whose protocol checks must hold at the moment it is written: the
+    closed state, the producer's epoch and sequence, Stream-Seq. All under the stream row lock in one
+    transaction, so a producer's state can never disagree with the records (PROTOCOL.md 5.2.1)."""
+    async with conn.transaction():
+        await lock_stream(conn, run_id, stream_id)
+        meta = await fetch(conn, run_id, stream_id)
+        if meta is None or meta.expired:  # the next load outside this transaction deletes it
+            raise StreamNotFound("no such stream")
+        if meta.closed:
+            if plan.producer is not None and meta.closed_by == plan.producer:
+                state = await _producer_state(conn, run_id, stream_id, plan.producer.id)
+                return AppendOutcome(meta.last_sequence, True, True, state, [])
+            if closes_again(plan):
+                return AppendOutcome(meta.last_sequence, False, True, None, [])
+            raise ClosedStream(meta.last_sequence)
+        mismatch = plan.content_type is not None and media_type(plan.content_type) != media_type(meta.content_type)
+        if plan.records and mismatch:
+            raise ContentTypeMismatch(
+                f"the stream's content type is {meta.content_type}, not {plan.content_type}",
+                stream_content_type=meta.content_type,
+            )
+        accepted: ProducerState | None = None
+        if plan.producer is not None:
+            current = await _producer_state(conn, run_id, stream_id, plan.producer.id)
+            decision = decide_producer(current, plan.producer)
+            if decision.verdict is Verdict.DUPLICATE:
+                return AppendOutcome(meta.last_sequence, True, False, decision.state, [])
+            if decision.verdict is Verdict.STALE_EPOCH:
+                assert decision.state is not None
+                raise StaleProducerEpoch("a newer producer epoch exists", current_epoch=decision.state.epoch)
+            if decision.verdict is Verdict.BAD_EPOCH_START:
+                raise InvalidInput("a new producer epoch starts at Producer-Seq 0", field="Producer-Seq")
+            if decision.verdict is Verdict.GAP:
+                raise ProducerGap(
+                    f"producer sequence {plan.producer.seq} skips {decision.expected_seq}",
+                    expected_seq=decision.expected_seq,
+                    received_seq=plan.producer.seq,
+                )
+            accepted = decision.state
+        check_stream_seq(plan.stream_seq, meta.stream_seq)
+        last, signals = meta.last_sequence, []
+        if plan.records:
+            result, batch = await appends.append_locked(conn, run_id, stream_id, plan.records, principal)
+            last, signals = result.last_sequence, batch.signals()
+        if plan.close:
+            await definitions.close_stream(conn, run_id, stream_id, principal)
+            # subscribers drain and then see the close
+            signals.append(Signal(RECORDS, run_id, stream_id, 0, last))
+        elif not plan.records:
+            require(meta.pins.authorization, principal, "append")
+        await _remember(conn, meta, plan, accepted)
+        return AppendOutcome(last, False, plan.close, accepted, signals)
+
+
+async def _producer_state(
+    conn: asyncpg.Connection, run_id: str, stream_id: str, producer_id: str
+) -> ProducerState | None:
+    row = await conn.fetchrow(
+        """SELECT epoch, last_seq FROM wfs_durable_producers
+           WHERE run_id = $1 AND stream_id = $2 AND producer_id = $3""",
+        run_id,
+        stream_id,
+        producer_id,
+    )
+    return ProducerState(row["epoch"], row["last_seq"]) if row is not None else None
+
+
+async def _remember(conn: asyncpg.Connection, meta: Meta, plan: AppendPlan, accepted: ProducerState | None) -> None:
+    """Producer state, Stream-Seq, the closing producer and the TTL's renewal, in the append's transaction.
+    One of our own streams gets an (adopted) protocol row the first time it needs one."""
+    run_id, stream_id = meta.run_id, meta.stream_id
+    await conn.execute(
+        """INSERT INTO wfs_durable_streams (run_id, stream_id, content_type, adopted)
+           VALUES ($1, $2, $3, true) ON CONFLICT (run_id, stream_id) DO NOTHING""",
+        run_id,
+        stream_id,
+        OWN_CONTENT_TYPE,
+    )
+    closer = plan.producer if plan.close else None
+    await conn.execute(
+        """UPDATE wfs_durable_streams
+           SET accessed_at = clock_timestamp(),
+               stream_seq = coalesce($3, stream_seq),
+               closed_by_producer = coalesce($4, closed_by_producer),
+               closed_by_epoch = coalesce($5, closed_by_epoch),
+               closed_by_seq = coalesce($6, closed_by_seq)
+           WHERE run_id = $1 AND stream_id = $2""",
+        run_id,
+        stream_id,
+        plan.stream_seq,
+        closer.id if closer else None,
+        closer.epoch if closer else None,
+        closer.seq if closer else None,
+    )
+    if plan.producer is not None and accepted is not None:
+        await conn.execute(
+            """INSERT INTO wfs_durable_producers (run_id, stream_id, producer_id, epoch, last_seq)
+               VALUES ($1, $2, $3, $4, $5)
+               ON CONFLICT (run_id, stream_id, producer_id)
+               DO UPDATE SET epoch = excluded.epoch, last_seq = excluded.last_seq, updated_at = now()""",
+            run_id,
+            stream_id,
+            plan.producer.id,
+            accepted.epoch,
+            accepted.last_seq,
+        )
+
+
+async def delete(conn: asyncpg.Connection, meta: Meta) -> None:
+    """Only streams created through the protocol: our own streams' definitions are not the protocol's
+    to remove (their deletion goes through the operator)."""
+    await definitions.delete_stream(conn, meta.run_id, meta.stream_id)
+
+
+async def sweep_expired(conn: asyncpg.Connection, limit: int = 20) -> int:
+    """Delete up to ``limit`` expired streams that nobody touched since they expired (access deletes
+    the others). Run opportunistically on create, so no worker is needed."""
+    rows = await conn.fetch(
+        """SELECT run_id, stream_id FROM wfs_durable_streams
+           WHERE (expires_at IS NOT NULL AND expires_at <= clock_timestamp())
+              OR (ttl_seconds IS NOT NULL AND accessed_at + make_interval(secs => ttl_seconds) <= clock_timestamp())
+           LIMIT $1""",
+        limit,
+    )
+    removed = 0
+    for row in rows:
+        try:
+            await definitions.delete_stream(conn, row["run_id"], row["stream_id"])
+            removed += 1
+        except StreamHeld:
+            continue
+    return removed
