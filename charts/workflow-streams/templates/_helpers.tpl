@@ -40,3 +40,39 @@ app.kubernetes.io/component: {{ .component }}
     secretKeyRef: {name: {{ .Values.objectStore.existingSecret }}, key: {{ .Values.objectStore.key }}}
 {{- end }}
 {{- end -}}
+
+{{/* pod metadata shared by every component: labels, then podLabels; podAnnotations (the component's win) */}}
+{{- define "wfs.podMetadata" -}}
+{{- $values := index .root.Values .component -}}
+labels:
+  {{- include "wfs.labels" .root | nindent 2 }}
+  app.kubernetes.io/component: {{ .component }}
+  {{- with .root.Values.podLabels }}
+  {{- toYaml . | nindent 2 }}
+  {{- end }}
+{{- with merge (deepCopy ($values.podAnnotations | default dict)) (.root.Values.podAnnotations | default dict) }}
+annotations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}
+
+{{/* pull secrets and scheduling: the component's nodeSelector/tolerations/affinity, else the chart-wide ones */}}
+{{- define "wfs.podScheduling" -}}
+{{- $values := index .root.Values .component -}}
+{{- with .root.Values.imagePullSecrets }}
+imagePullSecrets:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $values.nodeSelector | default .root.Values.nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $values.tolerations | default .root.Values.tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $values.affinity | default .root.Values.affinity }}
+affinity:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}
