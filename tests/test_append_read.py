@@ -79,7 +79,7 @@ async def test_malformed_batches_append_nothing(api: StreamsApi, db: asyncpg.Con
         data=b"{not json",
         headers={**api.headers, "Content-Type": "application/json"},
     )
-    await problem(resp, 400, "invalid_input")
+    await problem(resp, 400, "invalid_json")
     assert await db.fetchval("SELECT last_sequence FROM wfs_streams") == 0
     assert await db.fetchval("SELECT count(*) FROM wfs_records") == 0
 

@@ -12,9 +12,10 @@ import asyncpg
 import pytest
 from aiohttp import ClientResponse
 
-from tests.support import ALICE, StreamsApi, pins
+from tests.support import ALICE, EVE, StreamsApi, pins
 from workflow_streams import API_PREFIX
 from workflow_streams.api.app import create_app
+from workflow_streams.domain.strictjson import MAX_DEPTH
 
 
 async def snapshot(db: asyncpg.Connection) -> tuple[Any, ...]:
@@ -186,3 +187,130 @@ async def test_control_characters_in_stored_text(stream: StreamsApi, db: asyncpg
         ),
         422,
     )
+
+
+# Strict JSON (RFC 8259) on every body. Each case is the raw text of a body, sent as application/json.
+
+JSON = {**ALICE, "Content-Type": "application/json"}
+
+
+def raw_body(value: Any, **literals: str) -> bytes:
+    """``value`` as JSON text, with each string ``"<name>"`` in it replaced by the raw ``literals[name]``."""
+    text = json.dumps(value)
+    for name, literal in literals.items():
+        assert f'"<{name}>"' in text
+        text = text.replace(f'"<{name}>"', literal)
+    return text.encode()
+
+
+async def refused_json(
+    db: asyncpg.Connection, request: Callable[[], Awaitable[ClientResponse]], rule: str
+) -> dict[str, Any]:
+    body = await expect_unchanged(db, request, 400)
+    assert (body["code"], body["rule"]) == ("invalid_json", rule), body
+    return body
+
+
+def bodies(stream: StreamsApi, *, literal: str, placeholder: Any = "<x>") -> list[tuple[str, str, bytes]]:
+    """The same hostile literal in the body of every operation that reads one."""
+    prepare = {"idempotency_key": "k", "sha256": "0" * 64, "size": placeholder}
+    return [
+        ("POST", RECORDS, raw_body({"data": placeholder}, x=literal)),
+        ("POST", RECORDS, raw_body({"records": [{"data": 1}, {"data": {"deep": [placeholder]}}]}, x=literal)),
+        (
+            "POST",
+            stream.url("r"),
+            raw_body({"stream_id": "n", "pins": pins(credit={"max_unread_items": placeholder})}, x=literal),
+        ),
+        ("POST", stream.url("r", "s", "/consumers/c1/ack"), raw_body({"sequence": placeholder}, x=literal)),
+        ("PUT", stream.url("r", "s", "/legal-hold"), raw_body({"enabled": True, "reason": placeholder}, x=literal)),
+        ("POST", stream.url("r", "s", "/objects/prepare"), raw_body(prepare, x=literal)),
+    ]
+
+
+async def test_non_finite_numbers(stream: StreamsApi, db: asyncpg.Connection) -> None:
+    """NaN and infinities are not JSON: stored, they would break every reader of the stream."""
+    for literal in ("NaN", "Infinity", "-Infinity", "1e400", "-1e400", "1.5e999", "1" * 400 + ".0"):
+        for method, url, raw in bodies(stream, literal=literal):
+            body = await refused_json(
+                db,
+                lambda method=method, url=url, raw=raw: stream.client.request(method, url, data=raw, headers=JSON),
+                "non_finite_number",
+            )
+            assert body["field"] == "/"
+    # the largest finite double is a number like any other
+    ok = await stream.client.post(RECORDS, data=b'{"data": [1.7976931348623157e308, -0.0, 5e-324]}', headers=JSON)
+    assert ok.status == 201, await ok.text()
+
+
+async def test_lone_surrogates(stream: StreamsApi, db: asyncpg.Connection) -> None:
+    """An escaped lone UTF-16 surrogate is not text: no encoder can write it (it was a 500)."""
+    for literal in ('"\\ud800"', '"a\\udfffb"', '"\\uDBFF"', '"\\ud800\\\\udc00"'):
+        for method, url, raw in bodies(stream, literal=literal):
+            await refused_json(
+                db,
+                lambda method=method, url=url, raw=raw: stream.client.request(method, url, data=raw, headers=JSON),
+                "lone_surrogate",
+            )
+    # in a key, and in the stream id of a create
+    await refused_json(
+        db, lambda: stream.client.post(RECORDS, data=b'{"data": {"\\udc00": 1}}', headers=JSON), "lone_surrogate"
+    )
+    create = raw_body({"stream_id": "<x>", "pins": pins()}, x='"n\\ud800"')
+    await refused_json(db, lambda: stream.client.post(stream.url("r"), data=create, headers=JSON), "lone_surrogate")
+    # an escaped pair is one character, and a literal backslash-u is just text: both are stored
+    resp = await stream.client.post(RECORDS, data=b'{"data": ["\\ud83d\\ude00", "\\\\ud800"]}', headers=JSON)
+    assert resp.status == 201, await resp.text()
+    records = await stream.read_all("r", "s")
+    assert records[-1]["data"] == ["\U0001f600", "\\ud800"]
+
+
+async def test_nesting_deeper_than_the_limit(stream: StreamsApi, db: asyncpg.Connection) -> None:
+    """100,000 levels (about 200 KB, under the size cap) was a RecursionError and a 500."""
+    for levels in (MAX_DEPTH, 1000, 100_000):  # with the body's own level, each is past the limit
+        nested = "[" * levels + "]" * levels
+        for method, url, raw in bodies(stream, literal=nested):
+            body = await refused_json(
+                db,
+                lambda method=method, url=url, raw=raw: stream.client.request(method, url, data=raw, headers=JSON),
+                "too_deep",
+            )
+            assert body["limit"] == MAX_DEPTH
+    # exactly at the limit: the body is level 1, data the rest
+    at_limit = raw_body({"data": "<x>"}, x="[" * (MAX_DEPTH - 1) + "]" * (MAX_DEPTH - 1))
+    resp = await stream.client.post(RECORDS, data=at_limit, headers=JSON)
+    assert resp.status == 201, await resp.text()
+
+
+async def test_numbers_and_encodings_python_would_take(stream: StreamsApi, db: asyncpg.Connection) -> None:
+    """An integer longer than Python converts (was a ValueError), and bodies in another charset."""
+    await refused_json(
+        db, lambda: stream.client.post(RECORDS, data=b'{"data": ' + b"7" * 5000 + b"}", headers=JSON), "number_too_long"
+    )
+    latin = {**ALICE, "Content-Type": "application/json; charset=latin-1"}
+    await refused_json(
+        db, lambda: stream.client.post(RECORDS, data='{"data": "é"}'.encode("latin-1"), headers=latin), "encoding"
+    )
+    await refused_json(db, lambda: stream.client.post(RECORDS, data=b'{"data": "\xe9"}', headers=JSON), "encoding")
+    await refused_json(db, lambda: stream.client.post(RECORDS, data=b'{"data": 1', headers=JSON), "syntax")
+    utf8 = {**ALICE, "Content-Type": "application/json; charset=UTF-8"}
+    resp = await stream.client.post(RECORDS, data='{"data": "é"}'.encode(), headers=utf8)
+    assert resp.status == 201, await resp.text()
+
+
+async def test_deliveries_of_an_output_stream(stream: StreamsApi, db: asyncpg.Connection) -> None:
+    """Input-only routes on an output stream say so (they answered 200 with zeros)."""
+    for method, tail in (("GET", "/deliveries"), ("POST", "/deliveries/requeue")):
+        url = stream.url("r", "s", tail)
+        body = await expect_unchanged(
+            db, lambda method=method, url=url: stream.client.request(method, url, headers=ALICE), 409
+        )
+        assert body["code"] == "not_an_input_stream"
+        # to a caller without rights the stream stays invisible, direction and all
+        eve = await expect_unchanged(
+            db, lambda method=method, url=url: stream.client.request(method, url, headers=EVE), 403
+        )
+        assert eve["code"] == "forbidden"
+    await stream.create("r", "in", direction="input", content_class="user_input")
+    resp = await stream.client.get(stream.url("r", "in", "/deliveries"), headers=ALICE)
+    assert resp.status == 200 and (await resp.json())["counts"] == {"pending": 0, "delivered": 0, "failed": 0}

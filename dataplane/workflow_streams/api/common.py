@@ -9,7 +9,8 @@ from typing import Any
 
 from aiohttp import web
 
-from ..domain.errors import InvalidInput, RequestTimeout
+from ..domain import strictjson
+from ..domain.errors import InvalidInput, InvalidJson, RequestTimeout
 from ..domain.ids import check_id
 from ..domain.placement import client_region
 from .state import STATE
@@ -22,20 +23,22 @@ def json_response(body: Any, status: int = 200, headers: dict[str, str] | None =
 
 
 async def read_json(request: web.Request) -> Any:
+    """The body as strict JSON (``domain.strictjson``): UTF-8 only, as RFC 8259 requires between systems."""
     if request.content_type != "application/json":
         raise InvalidInput("the request body must be application/json", field="Content-Type")
+    if (request.charset or "utf-8").lower() not in ("utf-8", "utf8"):
+        raise InvalidJson("JSON bodies are UTF-8", field="Content-Type", rule="encoding")
     seconds = request.config_dict[STATE].settings.body_timeout_seconds
     try:
         async with asyncio.timeout(seconds):
-            text = await request.text()
+            raw = await request.read()
     except TimeoutError:
         raise RequestTimeout(f"the request body did not arrive within {seconds:g} s") from None
-    except UnicodeDecodeError:
-        raise InvalidInput("the request body is not UTF-8", field="/") from None
     try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise InvalidInput(f"malformed JSON: {exc.msg} at position {exc.pos}", field="/") from None
+        text = raw.decode()
+    except UnicodeDecodeError:
+        raise InvalidJson("the request body is not UTF-8", field="/", rule="encoding") from None
+    return strictjson.loads(text)
 
 
 def json_object(body: Any, allowed: set[str], required: set[str]) -> dict[str, Any]:

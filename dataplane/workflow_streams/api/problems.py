@@ -26,6 +26,7 @@ STATUS: dict[type[errors.StreamError], int] = {
     errors.NotFound: 404,
     errors.PinsConflict: 409,
     errors.StreamClosed: 409,
+    errors.NotAnInputStream: 409,
     errors.IdempotencyKeyReused: 409,
     errors.AckRegression: 409,
     errors.QuotaExhausted: 409,
@@ -69,6 +70,23 @@ def problem(status: int, code: str, detail: str, headers: dict[str, str] | None 
     return web.Response(status=status, body=json.dumps(body), content_type=PROBLEM_TYPE, headers=headers)
 
 
+def status_of(error: type[errors.StreamError]) -> int:
+    """An error's status: its own, else its nearest base class's."""
+    return next((STATUS[cls] for cls in error.__mro__ if cls in STATUS), 400)
+
+
+def codes() -> dict[str, int]:
+    """Every problem code a domain error can carry, with its status (for the OpenAPI document)."""
+    out: dict[str, int] = {}
+    pending: list[type[errors.StreamError]] = [errors.StreamError]
+    while pending:
+        cls = pending.pop()
+        pending.extend(cls.__subclasses__())
+        if cls is not errors.StreamError:
+            out.setdefault(cls.code, status_of(cls))
+    return out
+
+
 # One answer for "no such stream" and "not yours": nothing is revealed about streams a caller cannot see.
 NOT_VISIBLE = "the stream does not exist, or this principal may not do this on it"
 
@@ -76,7 +94,7 @@ NOT_VISIBLE = "the stream does not exist, or this principal may not do this on i
 def from_error(exc: errors.StreamError) -> web.Response:
     if isinstance(exc, errors.StreamNotFound) or type(exc) is errors.Forbidden:
         return problem(403, errors.Forbidden.code, NOT_VISIBLE)
-    status = next((STATUS[cls] for cls in type(exc).__mro__ if cls in STATUS), 400)
+    status = status_of(type(exc))
     headers = {}
     if isinstance(exc, errors.Backpressure | errors.TooManySubscriptions):
         headers["Retry-After"] = str(getattr(exc, "retry_after", 5))

@@ -8,7 +8,7 @@ from aiohttp import web
 from .. import metrics
 from ..domain.authz import Action, Principal, may_see, require
 from ..domain.cursor import parse_cursor
-from ..domain.errors import Forbidden, InvalidInput, PinsConflict
+from ..domain.errors import Forbidden, InvalidInput, NotAnInputStream, PinsConflict
 from ..domain.ids import check_id
 from ..domain.pins import parse_pins
 from ..domain.placement import check_metadata_home
@@ -24,10 +24,21 @@ DEFAULT_LIMIT = 100
 MAX_LIMIT = 1000
 
 
-async def _require(conn: asyncpg.Connection, run_id: str, stream_id: str, principal: Principal, action: Action) -> None:
+async def _require(
+    conn: asyncpg.Connection, run_id: str, stream_id: str, principal: Principal, action: Action
+) -> definitions.Definition:
     """The principal's right on the stream, for handlers whose store call does not check it."""
     definition, _ = await definitions.get_stream(conn, run_id, stream_id)
     require(definition.pins.authorization, principal, action)
+    return definition
+
+
+def _require_input(definition: definitions.Definition) -> None:
+    """Only input streams have deliveries; asked of an output stream, say so instead of answering zeros."""
+    if definition.pins.direction != "input":
+        raise NotAnInputStream(
+            f"{definition.stream_id} is an {definition.pins.direction} stream; only input streams have deliveries"
+        )
 
 
 def _limit(request: web.Request) -> int:
@@ -163,7 +174,7 @@ async def delivery_status(request: web.Request) -> web.Response:
     principal = await principal_of(request)
     run_id, stream_id = stream_key(request)
     async with app.pool.acquire() as conn:
-        await _require(conn, run_id, stream_id, principal, "read")
+        _require_input(await _require(conn, run_id, stream_id, principal, "read"))
         return json_response(await deliveries.summary(conn, run_id, stream_id))
 
 
@@ -174,5 +185,5 @@ async def requeue_deliveries(request: web.Request) -> web.Response:
     principal = await principal_of(request)
     run_id, stream_id = stream_key(request)
     async with app.pool.acquire() as conn:
-        await _require(conn, run_id, stream_id, principal, "append")
+        _require_input(await _require(conn, run_id, stream_id, principal, "append"))
         return json_response({"requeued": await deliveries.requeue_failed(conn, run_id, stream_id)})

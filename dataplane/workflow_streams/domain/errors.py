@@ -20,6 +20,18 @@ class InvalidInput(StreamError):
     code = "invalid_input"
 
 
+class InvalidJson(InvalidInput):
+    """The body is not strict JSON (RFC 8259): ``rule`` says which rule it breaks."""
+
+    code = "invalid_json"
+
+
+class NotAnInputStream(StreamError):
+    """Deliveries exist only for input streams."""
+
+    code = "not_an_input_stream"
+
+
 class InvalidDefinition(StreamError):
     code = "invalid_definition"
 

@@ -9,7 +9,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import InvalidInput, PayloadTooLarge
+from .errors import InvalidInput, InvalidJson, PayloadTooLarge
 
 INLINE_LIMIT = 64 * 1024
 MAX_BATCH = 1000
@@ -42,7 +42,8 @@ def is_json(content_type: str) -> bool:
 
 
 def encode_json(value: Any) -> bytes:
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+    """Compact UTF-8 JSON; ``ValueError`` for what JSON cannot hold (NaN, infinities, lone surrogates)."""
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
 
 
 def parse_append_body(body: Any) -> list[RecordIn]:
@@ -73,7 +74,10 @@ def _parse_record(item: Any, where: str) -> RecordIn:
     if has_data:
         if not is_json(content_type):
             raise InvalidInput("data is for JSON content types; use data_base64", field=f"{prefix}data")
-        payload = encode_json(item["data"])
+        try:  # read_json already refuses these; this keeps every stored payload JSON whoever calls
+            payload = encode_json(item["data"])
+        except ValueError as exc:
+            raise InvalidJson(f"data is not JSON: {exc}", field=f"{prefix}data", rule="not_json") from None
     else:
         text = item["data_base64"]
         if not isinstance(text, str):
