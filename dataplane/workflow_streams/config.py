@@ -7,6 +7,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from .api.kubeauth import IN_CLUSTER, KubeAuthSettings
 from .domain.authz import Principal
@@ -46,6 +47,21 @@ def parse_tokens(text: str) -> dict[str, Principal]:
         else:
             tokens[token] = Principal(value["principal"], frozenset(value.get("groups", ())))
     return tokens
+
+
+def durable_from_env(env: Mapping[str, str]) -> dict[str, Any]:
+    """The Durable Streams surface's settings (``WFS_DS_*``)."""
+    template = env.get("WFS_DS_TEMPLATE")
+    if env.get("WFS_DS_TEMPLATE_FILE"):
+        template = Path(env["WFS_DS_TEMPLATE_FILE"]).read_text()
+    return {
+        "durable_prefix": env.get("WFS_DS_PREFIX", "/api/durable-streams"),
+        "durable_anonymous": env.get("WFS_DS_ANONYMOUS", "").lower() in ("1", "true", "yes"),
+        "durable_run_id": env.get("WFS_DS_RUN_ID", "durable-streams"),
+        "durable_template": json.loads(template) if template else None,
+        "durable_long_poll_seconds": float(env.get("WFS_DS_LONG_POLL_SECONDS", "10")),
+        "durable_sse_seconds": float(env.get("WFS_DS_SSE_SECONDS", "60")),
+    }
 
 
 @dataclass(frozen=True)
@@ -89,6 +105,18 @@ class Settings:
     metrics_sample_seconds: float = 15.0
     # how the LISTEN connection names itself in pg_stat_activity
     listen_application_name: str = "wfs-listen"
+    # the Durable Streams protocol surface (api/durable): where it is mounted ("" leaves it out)
+    durable_prefix: str = "/api/durable-streams"
+    # callers without an Authorization header may use that surface (`workflow-streams dev` allows it)
+    durable_anonymous: bool = False
+    # the run that single-segment stream names belong to: <name> is (durable_run_id, name)
+    durable_run_id: str = "durable-streams"
+    # pins of streams created through the surface ($creator: the creating principal); None: built in
+    durable_template: Mapping[str, Any] | None = None
+    # how long a long-poll waits for records before answering 204
+    durable_long_poll_seconds: float = 10.0
+    # SSE connections end after this long; clients resume at their last offset (PROTOCOL.md 8.2)
+    durable_sse_seconds: float = 60.0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> Settings:
@@ -125,4 +153,5 @@ class Settings:
             delivery_timeout_seconds=float(env.get("WFS_DELIVERY_TIMEOUT_SECONDS", "5")),
             delivery_backoff_base_seconds=float(env.get("WFS_DELIVERY_BACKOFF_BASE_SECONDS", "0.5")),
             delivery_max_attempts=int(env.get("WFS_DELIVERY_MAX_ATTEMPTS", "25")),
+            **durable_from_env(env),
         )
