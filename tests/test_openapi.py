@@ -14,11 +14,13 @@ from typing import Any
 
 import aiohttp
 import pytest
+from openapi_spec_validator import validate
+from openapi_spec_validator.validation.exceptions import OpenAPIValidationError
 
 from tests.conftest import create_database
 from tests.minio import ACCESS_KEY, SECRET_KEY, MinioServer
 from tests.replica import Replica
-from tests.support import ALICE, pins
+from tests.support import ALICE, BOB, EVE, StreamsApi, pins
 from workflow_streams import API_PREFIX
 from workflow_streams.api.app import create_app
 from workflow_streams.localpg import LocalPostgres
@@ -35,12 +37,130 @@ async def test_document_lists_exactly_the_routes(aiohttp_client: Any, database_u
     routed = set()
     for resource in app.router.resources():
         info = resource.get_info()
-        if "app" in info:  # the API sub-application
+        if info.get("prefix") == API_PREFIX:  # the API sub-application (the Durable Streams one has its own)
             for route in info["app"].router.routes():
                 path = route.resource.canonical.removeprefix(API_PREFIX) if route.resource else ""
                 if route.method != "HEAD" and path != "/openapi.json":
                     routed.add((route.method, path))
     assert documented == routed
+
+
+async def served_document(
+    aiohttp_client: Any, database_url: str, settings_for: Any
+) -> tuple[StreamsApi, dict[str, Any]]:
+    api = StreamsApi(await aiohttp_client(create_app(settings_for(database_url))))
+    resp = await api.client.get(f"{API_PREFIX}/openapi.json")
+    assert resp.status == 200
+    return api, await resp.json()
+
+
+async def test_served_document_is_valid_openapi(aiohttp_client: Any, database_url: str, settings_for: Any) -> None:
+    _, document = await served_document(aiohttp_client, database_url, settings_for)
+    assert document["openapi"] == "3.1.0"
+    validate(document)
+    # the validator reads the schemas too: 3.1's type lists are not 3.0.3 (the old document's mistake)
+    with pytest.raises(OpenAPIValidationError):
+        validate({**document, "openapi": "3.0.3"})
+
+
+async def test_every_operation_is_described(aiohttp_client: Any, database_url: str, settings_for: Any) -> None:
+    _, document = await served_document(aiohttp_client, database_url, settings_for)
+    tags = {tag["name"] for tag in document["tags"]}
+    operations = {(method, path): op for path, ops in document["paths"].items() for method, op in ops.items()}
+    ids = [op["operationId"] for op in operations.values()]
+    assert len(ids) == len(set(ids)), "operationIds are unique"
+    for (method, path), op in operations.items():
+        assert op["summary"] and op["description"] and set(op["tags"]) <= tags, (method, path)
+        codes = documented_codes(op)
+        assert {"unauthenticated", "database_unavailable"} <= set(codes), (method, path)
+        for status, response in op["responses"].items():
+            if status.startswith(("4", "5")):
+                assert "application/problem+json" in response["content"], (method, path, status)
+            if status in ("429", "503"):
+                assert "Retry-After" in response["headers"], (method, path, status)
+        if "requestBody" in op and "application/json" in op["requestBody"]["content"]:
+            assert {"invalid_json", "payload_too_large", "request_timeout"} <= set(codes), (method, path)
+
+    def params(method: str, path: str) -> set[tuple[str, str]]:
+        return {(p["in"], p["name"]) for p in operations[method, path]["parameters"]}
+
+    stream = "/runs/{run_id}/streams/{stream_id}"
+    subscribe = operations["get", stream + "/subscribe"]
+    assert {("query", "after"), ("query", "access_token"), ("header", "Last-Event-ID")} <= params(
+        "get", stream + "/subscribe"
+    )
+    assert set(subscribe["responses"]["200"]["content"]["text/event-stream"]["x-sse-events"]) == {
+        "record",
+        "close",
+        "error",
+        "heartbeat",
+    }
+    assert ("header", "Idempotency-Key") in params("post", stream + "/records")
+    assert "Idempotent-Replayed" in operations["post", stream + "/records"]["responses"]["200"]["headers"]
+    assert "Location" in operations["post", "/runs/{run_id}/streams"]["responses"]["201"]["headers"]
+    assert {("query", "after"), ("query", "limit")} <= params("get", "/runs/{run_id}/streams")
+
+
+def documented_codes(operation: dict[str, Any]) -> dict[str, int]:
+    """The problem codes an operation documents, with their statuses."""
+    out = {}
+    for status, response in operation["responses"].items():
+        schema = response.get("content", {}).get("application/problem+json", {}).get("schema")
+        if schema is not None:
+            out.update({code: int(status) for code in schema["allOf"][1]["properties"]["code"]["enum"]})
+    return out
+
+
+def operation_for(document: dict[str, Any], method: str, url: str) -> dict[str, Any]:
+    path = url.removeprefix(API_PREFIX).split("?")[0]
+    for template, ops in document["paths"].items():
+        if re.fullmatch(re.sub(r"\{[a-z_]+\}", "[^/]+", template), path) and method.lower() in ops:
+            return dict(ops[method.lower()])
+    raise AssertionError(f"{method} {path} is not documented")
+
+
+async def test_answered_problem_codes_are_documented(aiohttp_client: Any, database_url: str, settings_for: Any) -> None:
+    """Real failures of each operation answer a (status, code) its entry in the document lists."""
+    api, document = await served_document(aiohttp_client, database_url, settings_for)
+    await api.create("r", "s")
+    await api.create("r", "closed")
+    await api.close("r", "closed")
+    await api.append("r", "s", 1, 2)
+    await api.ack("r", "s", "c1", 2)
+    s = api.url("r", "s")
+    json_headers = {**ALICE, "Content-Type": "application/json"}
+    cases: list[tuple[str, str, dict[str, Any]]] = [
+        ("POST", api.url("r"), {"json": {"stream_id": "s", "pins": pins(schema_ref="other/v2")}}),
+        ("POST", api.url("r"), {"json": {"stream_id": "x", "pins": pins(content_class="raw_model_reasoning")}}),
+        ("POST", api.url("r"), {"json": {"stream_id": "x", "pins": {}}}),
+        ("POST", api.url("r"), {"data": b'{"stream_id": NaN}', "headers": json_headers}),
+        ("GET", api.url("r") + "?limit=0", {}),
+        ("GET", api.url("r"), {"headers": {}}),
+        ("GET", s, {"headers": EVE}),
+        ("POST", s + "/records", {"data": b'{"data": "\\ud800"}', "headers": json_headers}),
+        ("POST", api.url("r", "closed", "/records"), {"json": {"data": 1}}),
+        ("POST", s + "/records", {"json": {"data": "y" * 70_000}}),
+        ("GET", s + "/records?after=9", {}),
+        ("GET", s + "/subscribe?after=9", {}),
+        ("GET", s + "/subscribe?access_token=nope", {"headers": {}}),
+        ("POST", s + "/consumers/c1/ack", {"json": {"sequence": 1}}),
+        ("POST", s + "/consumers/c1/ack", {"json": {"sequence": 7}}),
+        ("POST", api.url("r", "closed", "/consumers/c1/ack"), {"json": {"sequence": 0}}),
+        ("POST", s + "/close", {"headers": BOB}),
+        ("PUT", s + "/legal-hold", {"json": {"enabled": True, "reason": ""}}),
+        ("GET", s + "/deliveries", {}),
+        ("POST", s + "/deliveries/requeue", {}),
+        ("POST", s + "/objects/prepare", {"json": {"idempotency_key": "k", "sha256": "0" * 64, "size": 1}}),
+        ("GET", s + "/objects/00000000-0000-0000-0000-000000000000", {}),
+        ("POST", s + "/objects/00000000-0000-0000-0000-000000000000/abort", {}),
+    ]
+    for method, url, kwargs in cases:
+        kwargs.setdefault("headers", ALICE)
+        resp = await api.client.request(method, url, **kwargs)
+        body = await resp.json(content_type=None)
+        assert resp.status >= 400 and resp.content_type == "application/problem+json", (method, url, body)
+        documented = documented_codes(operation_for(document, method, url))
+        assert documented.get(body["code"]) == resp.status, (method, url, resp.status, body["code"], documented)
 
 
 @pytest.fixture(scope="module")

@@ -22,6 +22,7 @@ routes = web.RouteTableDef()
 
 DEFAULT_LIMIT = 100
 MAX_LIMIT = 1000
+LIST_SCAN = 100  # stream rows read per statement while filling a listing page
 
 
 async def _require(
@@ -80,6 +81,39 @@ async def create_stream(request: web.Request) -> web.Response:
         raise Forbidden("not visible")
     location = f"{request.app.router['get_stream'].url_for(run_id=run_id, stream_id=stream_id)}"
     return json_response(definition.to_json(), status=201 if created else 200, headers={"Location": location})
+
+
+@routes.get("/runs/{run_id}/streams")
+async def list_streams(request: web.Request) -> web.Response:
+    """The run's streams this principal may see, in stream id order, ``limit`` at a time after ``after``.
+
+    Streams it may not see are skipped without a trace: a page is filled from visible streams only and
+    ``next_after`` is the last stream on it, so the cursor never names a stream the caller cannot see
+    and every page but the last holds at least one stream (pagination always makes progress).
+    """
+    app = state_of(request)
+    principal = await principal_of(request)
+    run_id = check_id("run_id", request.match_info["run_id"])
+    after = request.query.get("after", "")
+    if after:
+        check_id("after", after)
+    limit = _limit(request)
+    scan = max(limit + 1, LIST_SCAN)
+    visible: list[tuple[definitions.Definition, definitions.StreamState]] = []
+    async with app.pool.acquire() as conn:
+        cursor, exhausted = after, False
+        while len(visible) <= limit and not exhausted:
+            rows = await definitions.list_streams(conn, run_id, cursor, scan)
+            visible += [(d, s) for d, s in rows if may_see(d.pins.authorization, principal)]
+            exhausted = len(rows) < scan
+            if rows:
+                cursor = rows[-1][0].stream_id
+    page = visible[:limit]
+    # one visible stream past the page proves there is a next page
+    next_after = page[-1][0].stream_id if len(visible) > limit else None
+    return json_response(
+        {"streams": [{**d.to_json(), "state": s.to_json()} for d, s in page], "next_after": next_after}
+    )
 
 
 @routes.get(STREAM, name="get_stream")

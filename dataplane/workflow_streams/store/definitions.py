@@ -243,3 +243,45 @@ async def delete_stream(conn: asyncpg.Connection, run_id: str, stream_id: str) -
         # open subscriptions see the stream end
         await conn.execute("SELECT pg_notify($1, $2)", wakes.RECORDS, wakes.payload(run_id, stream_id))
         return [(r["region"], r["bucket"], r["object_key"]) for r in queued]
+
+
+async def list_streams(
+    conn: asyncpg.Connection, run_id: str, after: str, limit: int
+) -> list[tuple[Definition, StreamState]]:
+    """A run's streams with ``stream_id > after`` in ``stream_id`` order (keyset pagination on the primary
+    key), each with its state and active holds. Callers decide who may see which."""
+    rows = await conn.fetch(
+        """SELECT s.*, h.hold_ids, h.reasons, h.held_bys, h.held_ats
+           FROM wfs_streams s
+           LEFT JOIN LATERAL (
+               SELECT array_agg(l.hold_id ORDER BY l.held_at, l.hold_id) AS hold_ids,
+                      array_agg(l.reason ORDER BY l.held_at, l.hold_id) AS reasons,
+                      array_agg(l.held_by ORDER BY l.held_at, l.hold_id) AS held_bys,
+                      array_agg(l.held_at ORDER BY l.held_at, l.hold_id) AS held_ats
+               FROM wfs_legal_holds l
+               WHERE l.run_id = s.run_id AND l.stream_id = s.stream_id AND l.released_at IS NULL
+           ) h ON true
+           WHERE s.run_id = $1 AND s.stream_id > $2
+           ORDER BY s.stream_id
+           LIMIT $3""",
+        run_id,
+        after,
+        limit,
+    )
+    out = []
+    for row in rows:
+        columns = (row["hold_ids"], row["reasons"], row["held_bys"], row["held_ats"])
+        holds = zip(*(column or () for column in columns), strict=True)
+        state = StreamState(
+            last_sequence=row["last_sequence"],
+            earliest_sequence=row["earliest_sequence"],
+            appended_bytes=row["appended_bytes"],
+            closed_at=row["closed_at"],
+            closed_by=row["closed_by"],
+            holds=[
+                {"hold_id": hold_id, "reason": reason, "held_by": held_by, "held_at": held_at.isoformat()}
+                for hold_id, reason, held_by, held_at in holds
+            ],
+        )
+        out.append((_definition(row), state))
+    return out
