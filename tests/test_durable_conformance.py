@@ -8,6 +8,7 @@ ones listed in conformance/expected-failures.txt (the fork tests: forks are not 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -71,15 +72,19 @@ async def test_conformance_suite(database_url: str, tmp_path: Path) -> None:
             "DS_BASE_URL": f"{server.base}/api/durable-streams",
             "DS_LONG_POLL_TIMEOUT_MS": str(LONG_POLL_SECONDS * 1000),
         }
-        run = subprocess.run(
-            ["node", "node_modules/vitest/vitest.mjs", "run", "--reporter=json", f"--outputFile={report_path}"],
+        vitest = await asyncio.create_subprocess_exec(
+            "node",
+            "node_modules/vitest/vitest.mjs",
+            "run",
+            "--reporter=json",
+            f"--outputFile={report_path}",
             cwd=PROJECT,
             env=env,
-            capture_output=True,
-            text=True,
-            timeout=1200,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
         )
-        assert report_path.is_file(), f"vitest wrote no report:\n{run.stdout[-3000:]}\n{run.stderr[-3000:]}"
+        output, _ = await asyncio.wait_for(vitest.communicate(), timeout=1200)
+        assert report_path.is_file(), f"vitest wrote no report:\n{output.decode(errors='replace')[-5000:]}"
         report = json.loads(report_path.read_text())
     finally:
         server.stop()
