@@ -7,7 +7,7 @@ import hashlib
 import json
 import logging
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -21,6 +21,23 @@ from .sse import Event, iter_events
 log = logging.getLogger(__name__)
 PREFIX = "/api/workflow-streams"
 _RETRYABLE = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError)
+# statuses worth waiting for: the same request may succeed later
+TRANSIENT_STATUSES = frozenset({408, 425, 429, 502, 503, 504})
+# ... unless the problem says it will not: configuration, not load or a restart
+PERMANENT_CODES = frozenset({"object_region_unavailable"})
+
+RetryWait = Callable[[float, str], Awaitable[None]]
+"""Called with (seconds, reason) before each retry; it does the waiting (e.g. showing a countdown)."""
+
+
+async def _sleep(seconds: float, reason: str) -> None:
+    log.info("%s; retrying in %.1fs", reason, seconds)
+    await asyncio.sleep(seconds)
+
+
+def is_transient(status: int, body: dict[str, Any] | None) -> bool:
+    """Whether a failed answer may succeed if the same request is sent again later."""
+    return status in TRANSIENT_STATUSES and (body or {}).get("code") not in PERMANENT_CODES
 
 
 class StreamsClient:
@@ -28,16 +45,31 @@ class StreamsClient:
 
     ``max_wait``: how long append, commit and subscribe keep retrying through backpressure (429,
     honouring ``Retry-After``), an unavailable server (503) or a dropped connection.
+    ``connect_wait``: how long to keep retrying while the server cannot be reached at all (connection
+    refused, unknown host; default ``max_wait``, which rides out a server restart). A command-line
+    tool wants this short: a wrong URL is not going to start answering.
+    ``retry_wait``: does the waiting between retries (default: sleep and log); a CLI shows a countdown.
+    Permanent problems (any other 4xx, a 503 for an object region this server has no store for)
+    are raised at once.
     """
 
     def __init__(
-        self, base_url: str, token: str, *, session: aiohttp.ClientSession | None = None, max_wait: float = 60.0
+        self,
+        base_url: str,
+        token: str,
+        *,
+        session: aiohttp.ClientSession | None = None,
+        max_wait: float = 60.0,
+        connect_wait: float | None = None,
+        retry_wait: RetryWait | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self._headers = {"Authorization": f"Bearer {token}"}
         self._session = session
         self._own_session = session is None
         self.max_wait = max_wait
+        self.connect_wait = max_wait if connect_wait is None else connect_wait
+        self._retry_wait = retry_wait or _sleep
 
     async def __aenter__(self) -> StreamsClient:
         return self
@@ -60,33 +92,49 @@ class StreamsClient:
         return path if stream_id is None else f"{path}/{stream_id}{tail}"
 
     async def _call(self, method: str, url: str, **kwargs: Any) -> tuple[int, Any, float]:
-        """One request: (status, decoded body, Retry-After seconds)."""
+        """One request: (status, decoded body, Retry-After seconds). A body that is not JSON (a proxy's
+        error page, a wrong URL) becomes a problem with its first line as the detail."""
         headers = {**self._headers, **kwargs.pop("headers", {})}
         async with self.session.request(method, url, headers=headers, **kwargs) as resp:
-            body = await resp.json(content_type=None) if resp.content_length != 0 else None
-            return resp.status, body, float(resp.headers.get("Retry-After", "1"))
+            body: Any = None
+            if resp.content_length != 0:
+                text = await resp.text(errors="replace")
+                try:
+                    body = json.loads(text) if text else None
+                except json.JSONDecodeError:
+                    body = {"detail": (text.strip().splitlines() or [""])[0][:200]}
+            try:
+                retry_after = float(resp.headers.get("Retry-After", "1"))
+            except ValueError:  # an HTTP date: not worth parsing for a hint
+                retry_after = 1.0
+            return resp.status, body, retry_after
 
     async def _retrying(self, method: str, url: str, **kwargs: Any) -> tuple[int, Any]:
-        """Retry 429 (as told by Retry-After), 503 and connection failures, for up to ``max_wait``."""
+        """Retry transient failures (429 as told by Retry-After, 503, dropped connections) for up to
+        ``max_wait``, an unreachable server for up to ``connect_wait``; raise anything else at once."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.max_wait
+        started = loop.time()
         delay = 0.1
         while True:
             try:
                 status, body, retry_after = await self._call(method, url, **kwargs)
+            except aiohttp.ClientConnectorError as exc:  # nothing listens there (yet)
+                if loop.time() + delay > started + self.connect_wait:
+                    raise
+                status, body, retry_after = 0, {"code": "unreachable", "detail": str(exc)}, delay
             except _RETRYABLE as exc:
                 status, body, retry_after = 0, {"code": "unreachable", "detail": str(exc)}, delay
             if status and status < 400:
                 return status, body
-            if status not in (0, 429, 503):
+            if status and not is_transient(status, body):
                 raise problem_error(status, body or {})
             wait = retry_after if status == 429 else delay
-            if loop.time() + wait > deadline:
+            if loop.time() + wait > started + self.max_wait:
                 if status == 429:
                     raise BackpressureError(status, body or {}, retry_after)
                 raise problem_error(status or 503, body or {})
-            log.info("%s %s: %s; retrying in %.1fs", method, url, body.get("code") if body else status, wait)
-            await asyncio.sleep(wait)
+            reason = f"{status or 'no answer'} {(body or {}).get('code', '')}".strip()
+            await self._retry_wait(wait, f"{method} {url}: {reason}")
             delay = min(delay * 2, 5.0)
 
     async def _checked(self, method: str, url: str, **kwargs: Any) -> Any:
@@ -105,8 +153,21 @@ class StreamsClient:
         return body
 
     async def get_stream(self, run_id: str, stream_id: str) -> dict[str, Any]:
+        """The definition (pins, digest, creator) and its ``state`` (sequences, closed, holds)."""
         body: dict[str, Any] = await self._checked("GET", self._url(run_id, stream_id))
         return body
+
+    async def list_streams(self, run_id: str) -> list[dict[str, Any]]:
+        """The run's streams this caller may see (definition and state each), in stream id order,
+        following the server's pages to the end."""
+        streams: list[dict[str, Any]] = []
+        params: dict[str, str] = {}
+        while True:
+            body = await self._checked("GET", self._url(run_id), params=params)
+            streams += body["streams"]
+            if not body.get("next_after"):
+                return streams
+            params = {"after": body["next_after"]}
 
     # records
 
@@ -193,18 +254,40 @@ class StreamsClient:
                 deadline = deadline or loop.time() + self.max_wait
                 if loop.time() > deadline:
                     raise
-                log.info("subscription to %s/%s dropped (%s); resuming after %d", run_id, stream_id, exc, last)
-            await asyncio.sleep(delay)
+                reason = f"subscription to {run_id}/{stream_id} dropped ({exc or type(exc).__name__})"
+                await self._retry_wait(delay, f"{reason}; resuming after {last}")
+            else:
+                await asyncio.sleep(delay)
             delay = min(delay * 2, 5.0)
 
-    async def ack(self, run_id: str, stream_id: str, consumer_id: str, sequence: int) -> None:
-        await self._checked(
+    async def ack(self, run_id: str, stream_id: str, consumer_id: str, sequence: int) -> dict[str, Any]:
+        """Acknowledge through ``sequence``: ``{"consumer_id", "acked_sequence"}``."""
+        body: dict[str, Any] = await self._checked(
             "POST", self._url(run_id, stream_id, f"/consumers/{consumer_id}/ack"), json={"sequence": sequence}
         )
+        return body
 
     async def close(self, run_id: str, stream_id: str) -> dict[str, Any]:
         body: dict[str, Any] = await self._checked("POST", self._url(run_id, stream_id, "/close"))
         return body
+
+    async def read_last(self, run_id: str, stream_id: str, count: int) -> Page:
+        """The last ``count`` records (fewer if retention removed the older ones)."""
+        state = (await self.get_stream(run_id, stream_id))["state"]
+        after = max(state["last_sequence"] - count, state["earliest_sequence"] - 1, 0)
+        return await self.read(run_id, stream_id, after, limit=max(1, min(count, 1000)))
+
+    # input delivery
+
+    async def deliveries(self, run_id: str, stream_id: str) -> dict[str, Any]:
+        """An input stream's delivery progress: ``counts`` by state, ``failed`` rows, the ``next`` due."""
+        body: dict[str, Any] = await self._checked("GET", self._url(run_id, stream_id, "/deliveries"))
+        return body
+
+    async def requeue(self, run_id: str, stream_id: str) -> int:
+        """Retry failed deliveries (once the wait service is fixed); returns how many."""
+        body = await self._checked("POST", self._url(run_id, stream_id, "/deliveries/requeue"))
+        return int(body["requeued"])
 
     # objects
 

@@ -31,6 +31,23 @@ class Record:
             object=body.get("object"),
         )
 
+    def to_json(self) -> dict[str, Any]:
+        """The record as the HTTP API shows it: exactly one of ``data``, ``data_base64``, ``object``."""
+        body: dict[str, Any] = {
+            "sequence": self.sequence,
+            "kind": self.kind,
+            "content_type": self.content_type,
+            "size": self.size,
+            "appended_at": self.appended_at,
+        }
+        if self.object is not None:
+            body["object"] = self.object
+        elif self.data_base64 is not None:
+            body["data_base64"] = self.data_base64
+        else:
+            body["data"] = self.data
+        return body
+
     @property
     def payload(self) -> bytes | None:
         """Inline bytes (JSON records re-encoded are not byte-identical; use ``data`` for those)."""
