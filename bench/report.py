@@ -14,6 +14,13 @@ def _errors(errors: dict[str, int]) -> str:
     return ", ".join(f"{k}: {v:,}" for k, v in sorted(errors.items())) or "0"
 
 
+def _source(source: dict[str, Any]) -> str:
+    if "commit" in source:
+        state = ", with uncommitted changes" if source["modified"] else ""
+        return f"Server code: `{source['package']}` at commit {source['commit'][:10]}{state}.\n"
+    return f"Server code: `{source.get('package', '?')}`.\n"
+
+
 def write_report(results: dict[str, Any], out: Path) -> None:
     m, c = results["machine"], results["ceilings"]
     workers = results.get("workers")
@@ -27,6 +34,8 @@ def write_report(results: dict[str, Any], out: Path) -> None:
         + "; load from `wfs-loadgen` (Go). CPU columns are cores busy during the measured window "
         "(CPU seconds per second): generator, server (all its processes), Postgres (all backends).",
         "",
+        _source(results.get("server_source", {})),
+        *([f"Note: {results['note']}", ""] if results.get("note") else []),
         f"## Ceilings: pgbench, {c['clients']} clients, {c['seconds']} s each",
         "",
         "| ceiling | tps |",
@@ -53,8 +62,8 @@ def write_report(results: dict[str, Any], out: Path) -> None:
         "## Live delivery over SSE: append → subscriber latency, every subscriber's sequences checked",
         "",
         "Connect: time until every subscriber had its response and first `retry:` line (server CPU during "
-        "it in brackets). Delivered/expected counts records over all subscribers; duplicates, gaps and "
-        "missing must be 0.",
+        "it in brackets). Delivered / expected counts records over the connected subscribers (a subscriber "
+        "that never connected is listed below, not counted as missing); duplicates, gaps and missing must be 0.",
         "",
         "| case | connect s | delivered / expected | dup | gaps | missing | p50 ms | p99 ms | max ms "
         "| appends/s sent | generator CPU | server CPU | Postgres CPU | server KiB / subscriber |",
@@ -65,11 +74,11 @@ def write_report(results: dict[str, Any], out: Path) -> None:
             lines.append(f"| {r['case']} | failed: {r['failed'][:200]} |" + " |" * 12)
             continue
         lat, g = r["latency_ms"], r["generator"]
-        connected = "" if r["connected"] == r["subscribers"] else f" ({r['connected']:,} connected)"
+        connected = "" if r["connected"] == r["subscribers"] else f", **{r['connected']:,} connected**"
         lines.append(
             f"| {r['case']} | {r['connect_s']:.2f} ({r['connect']['server_cpu_s']:.1f} CPU s){connected} | "
             f"{r['delivered']:,} / {r['expected']:,} | {r['duplicates']} | {r['gaps']} | {r['missing']} | "
-            f"{_ms(lat, 'p50')} | {_ms(lat, 'p99')} | {_ms(lat, 'max')} | {g['appends_per_s']:g} | "
+            f"{_ms(lat, 'p50')} | {_ms(lat, 'p99')} | {_ms(lat, 'max')} | {g['appends_per_s']:.1f} | "
             f"{r['generator_cores']} | {r['server_cores']} | {r['postgres_cores']} | "
             f"{r['server_kib_per_subscriber']} |"
         )

@@ -13,9 +13,11 @@ import argparse
 import asyncio
 import datetime as dt
 import json
+import subprocess
 from pathlib import Path
 from typing import Any
 
+import workflow_streams
 from bench import generator, nats_peer, scenarios
 from bench.harness import Server, machine, raise_open_files_limit, start_postgres
 from bench.report import write_report
@@ -32,6 +34,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "started": dt.datetime.now(dt.UTC).isoformat(),
         "mode": "quick" if args.quick else "full",
         "workers": args.workers,
+        "note": args.note,
+        "server_source": server_source(),
         "timing": timing.__dict__,
     }
     server = None
@@ -63,12 +67,26 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     return results
 
 
+def server_source() -> dict[str, Any]:
+    """Which server code ran: the package's directory and, in a git checkout, its commit and
+    whether the server's sources differ from it."""
+    package = Path(workflow_streams.__file__).resolve().parent
+    source: dict[str, Any] = {"package": str(package)}
+    git = ["git", "-C", str(package)]
+    head = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True)
+    if head.returncode == 0:
+        status = subprocess.run([*git, "status", "--porcelain", "--", "."], capture_output=True, text=True)
+        source |= {"commit": head.stdout.strip(), "modified": bool(status.stdout.strip())}
+    return source
+
+
 def main() -> None:
     raise_open_files_limit()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="short measurements (~3 minutes instead of ~10)")
     parser.add_argument("--workers", type=int, help="pass --workers N to `workflow-streams serve`")
     parser.add_argument("--nats", action="store_true", help="also measure NATS JetStream (built by bootstrap)")
+    parser.add_argument("--note", help="a line about this run for results.md (machine state, what changed)")
     parser.add_argument("--out", type=Path, default=Path("bench/results/latest"))
     asyncio.run(run(parser.parse_args()))
 

@@ -50,24 +50,21 @@ def _ratio(ours: float, base: float) -> float:
 # --- ceilings -----------------------------------------------------------------------------------
 
 
+def _tool(pg: LocalPostgres, name: str, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    """One of Postgres' client programs against ``pg``."""
+    command = [str(pg.bindir / name), "-h", "127.0.0.1", "-p", str(pg.port), "-U", "postgres", *args]
+    result = subprocess.run(command, capture_output=True, text=True)
+    if check and result.returncode != 0:
+        raise RuntimeError(f"{name} {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}")
+    return result
+
+
 def _pgbench(pg: LocalPostgres, *args: str) -> float:
-    result = subprocess.run(
-        [str(pg.bindir / "pgbench"), "-h", "127.0.0.1", "-p", str(pg.port), "-U", "postgres", *args],
-        capture_output=True,
-        text=True,
-    )
+    result = _tool(pg, "pgbench", *args)
     match = re.search(r"tps = ([\d.]+)", result.stdout)
-    if result.returncode != 0 or not match:
-        raise RuntimeError(f"pgbench {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}")
+    if not match:
+        raise RuntimeError(f"pgbench {' '.join(args)} printed no tps:\n{result.stdout}\n{result.stderr}")
     return float(match[1])
-
-
-def _psql(pg: LocalPostgres, *args: str) -> None:
-    subprocess.run(
-        [str(pg.bindir / "psql"), "-h", "127.0.0.1", "-p", str(pg.port), "-U", "postgres", "-q", "-X", *args],
-        check=True,
-        capture_output=True,
-    )
 
 
 def pgbench_ceilings(pg: LocalPostgres, seconds: int, clients: int = 32, streams: int = 1000) -> dict[str, Any]:
@@ -75,20 +72,39 @@ def pgbench_ceilings(pg: LocalPostgres, seconds: int, clients: int = 32, streams
     update (``-N``), and exactly our append transaction on 1,000 streams, without and with the
     in-transaction ``pg_notify`` the server sends today."""
     run = ["-n", "-c", str(clients), "-j", "2", "-T", str(seconds)]
-    subprocess.run(
-        [str(pg.bindir / "createdb"), "-h", "127.0.0.1", "-p", str(pg.port), "-U", "postgres", "pgbench"],
-        capture_output=True,
-    )
-    _pgbench(pg, "-i", "-s", "1", "-q", "pgbench")
+    _tool(pg, "createdb", "pgbench", check=False)  # exists already on a second call
+    _tool(pg, "pgbench", "-i", "-s", "1", "-q", "pgbench")
     simple = _pgbench(pg, "-N", *run, "pgbench")
     print(f"  pgbench -N, {clients} clients: {simple:,.0f} tps", flush=True)
-    _psql(pg, "-v", f"streams={streams}", "-f", str(PGBENCH_SCRIPTS / "streams.sql"), "postgres")
+    _tool(
+        pg,
+        "psql",
+        "-qX",
+        "-v",
+        "ON_ERROR_STOP=1",
+        "-v",
+        f"streams={streams}",
+        "-f",
+        str(PGBENCH_SCRIPTS / "streams.sql"),
+        "postgres",
+    )
     out = {"clients": clients, "streams": streams, "seconds": seconds, "simple_update_tps": round(simple)}
     for name, script in (("append_tps", "append.sql"), ("append_notify_tps", "append_notify.sql")):
         tps = _pgbench(pg, "-f", str(PGBENCH_SCRIPTS / script), "-D", f"streams={streams}", *run, "postgres")
         out[name] = round(tps)
         print(f"  pgbench {script}, {streams:,} streams, {clients} clients: {tps:,.0f} tps", flush=True)
-    _psql(pg, "-c", "DELETE FROM wfs_streams WHERE run_id = 'pgbench'", "-c", "CHECKPOINT", "postgres")
+    _tool(
+        pg,
+        "psql",
+        "-qX",
+        "-v",
+        "ON_ERROR_STOP=1",
+        "-c",
+        "DELETE FROM wfs_streams WHERE run_id = 'pgbench'",
+        "-c",
+        "CHECKPOINT",
+        "postgres",
+    )
     return out
 
 
@@ -208,7 +224,8 @@ async def deliveries(server: Server, pg: LocalPostgres, timing: Timing) -> list[
             out.append({"case": f"{subscribers:,} subscribers", "subscribers": subscribers, "failed": str(exc)})
             continue
         row = {
-            "case": f"{subscribers:,} subscribers, {streams:,} stream{'s' if streams > 1 else ''}, {rate:g} appends/s",
+            "case": f"{subscribers:,} subscriber{'s' if subscribers > 1 else ''}, "
+            f"{streams:,} stream{'s' if streams > 1 else ''}, {rate:g} appends/s",
             "subscribers": subscribers,
             "streams": streams,
             "rate": rate,

@@ -17,32 +17,33 @@ import (
 )
 
 type sseReport struct {
-	Mode              string         `json:"mode"`
-	Subscribers       int            `json:"subscribers"`
-	Streams           int            `json:"streams"`
-	Rate              float64        `json:"rate"`
-	DurationS         float64        `json:"duration_s"`
-	OpenFilesLimit    uint64         `json:"open_files_limit"`
-	ConnectSeconds    float64        `json:"connect_seconds"`
-	Connected         int            `json:"connected"`
-	ConnectErrors     map[string]int `json:"connect_errors"`
-	ConnectCPUSeconds float64        `json:"connect_cpu_seconds"`
-	Appended          int            `json:"appended"`
-	AppendErrors      map[string]int `json:"append_errors"`
-	AppendsPerS       float64        `json:"appends_per_s"`
-	AppendLatencyMS   Latency        `json:"append_latency_ms"`
-	ForeignSequences  int            `json:"foreign_sequences"`
-	Expected          int64          `json:"expected"`
-	Delivered         int64          `json:"delivered"`
-	Duplicates        int64          `json:"duplicates"`
-	Gaps              int64          `json:"gaps"`
-	Missing           int64          `json:"missing"`
-	Incomplete        int            `json:"incomplete_subscribers"`
-	Disconnects       map[string]int `json:"disconnects"`
-	DrainSeconds      float64        `json:"drain_seconds"`
-	LatencyMS         Latency        `json:"latency_ms"`
-	CPUSeconds        float64        `json:"cpu_seconds"`
-	CPUShare          float64        `json:"cpu_share"`
+	Mode                string         `json:"mode"`
+	Subscribers         int            `json:"subscribers"`
+	Streams             int            `json:"streams"`
+	Rate                float64        `json:"rate"`
+	DurationS           float64        `json:"duration_s"`
+	OpenFilesLimit      uint64         `json:"open_files_limit"`
+	ConnectSeconds      float64        `json:"connect_seconds"`
+	Connected           int            `json:"connected"`
+	ConnectErrors       map[string]int `json:"connect_errors"`
+	ConnectCPUSeconds   float64        `json:"connect_cpu_seconds"`
+	Appended            int            `json:"appended"`
+	AppendErrors        map[string]int `json:"append_errors"`
+	AppendsPerS         float64        `json:"appends_per_s"`
+	AppendLatencyMS     Latency        `json:"append_latency_ms"`
+	ForeignSequences    int            `json:"foreign_sequences"`
+	Expected            int64          `json:"expected"` // over connected subscribers
+	UnconnectedExpected int64          `json:"unconnected_expected"`
+	Delivered           int64          `json:"delivered"`
+	Duplicates          int64          `json:"duplicates"`
+	Gaps                int64          `json:"gaps"`
+	Missing             int64          `json:"missing"`
+	Incomplete          int            `json:"incomplete_subscribers"`
+	Disconnects         map[string]int `json:"disconnects"`
+	DrainSeconds        float64        `json:"drain_seconds"`
+	LatencyMS           Latency        `json:"latency_ms"`
+	CPUSeconds          float64        `json:"cpu_seconds"`
+	CPUShare            float64        `json:"cpu_share"`
 }
 
 // subscriber is one SSE connection to stream index `stream`. Only its own goroutine writes its
@@ -362,6 +363,11 @@ func runSSE(args []string) error {
 	var all []time.Duration
 	for i, s := range subs {
 		expected := latest[s.stream]
+		if s.conn == nil { // never connected: counted apart, so missing means lost by a live subscription
+			out.UnconnectedExpected += expected
+			out.Disconnects["never connected: "+s.connectErr]++
+			continue
+		}
 		out.Expected += expected
 		out.Delivered += s.delivered
 		out.Duplicates += s.duplicates
@@ -371,9 +377,7 @@ func runSSE(args []string) error {
 			out.Missing += missing
 			out.Incomplete++
 		}
-		if s.conn == nil {
-			out.Disconnects["never connected: "+s.connectErr]++
-		} else if endedEarly[i] {
+		if endedEarly[i] {
 			out.Disconnects[s.endedBy]++
 		}
 		all = append(all, s.latencies...)
