@@ -184,6 +184,97 @@ async def test_stream_reconciles_to_ready(
     assert "answers" in listing and "run-1" in listing and "True" in listing
 
 
+FIXTURES = REPO / "tests" / "fixtures" / "pins"
+
+
+async def test_stored_pins_reconcile_without_conflict(
+    kube: ControlPlane, namespace: str, operator: Operator, db: asyncpg.Connection
+) -> None:
+    """Streams an earlier release stored (tests/fixtures/pins) and their WorkflowStreams as it applied
+    them: the operator resumes them as UpToDate, leaving every stored row as it was."""
+    fixtures = {path.stem + "-" + path.parent.name: json.loads(path.read_text()) for path in FIXTURES.glob("*/*.json")}
+    for name, fixture in fixtures.items():
+        await db.execute(
+            "INSERT INTO wfs_streams (run_id, stream_id, pins, pins_digest, created_by) VALUES ($1, $2, $3, $4, 'old')",
+            "run-old",
+            name,
+            json.dumps(fixture["stored"]),
+            fixture["pins_digest"],
+        )
+        manifest = stream_manifest(name, "run-old", name)
+        manifest["spec"]["pins"] = fixture["spec_pins"]
+        apply(kube, namespace, manifest)
+    for name, fixture in fixtures.items():
+        synced = await asyncio.to_thread(wait_condition, kube, namespace, f"wfs/{name}", "DefinitionSynced")
+        assert synced["reason"] == "UpToDate", synced
+        await asyncio.to_thread(wait_condition, kube, namespace, f"wfs/{name}", "Ready")
+        status = json.loads(kube.kubectl("get", "-n", namespace, f"wfs/{name}", "-o", "json").stdout)["status"]
+        assert status["pinsDigest"] == fixture["pins_digest"]
+        row = await db.fetchrow("SELECT pins, pins_digest, created_by FROM wfs_streams WHERE stream_id = $1", name)
+        assert json.loads(row["pins"]) == fixture["stored"] and row["created_by"] == "old"
+
+
+def test_kubectl_explain_teaches_the_api(kube: ControlPlane, namespace: str) -> None:
+    crd = yaml.safe_load((REPO / "crds" / "workflowstreams.dev_workflowstreams.yaml").read_text())
+    schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    paths = []
+
+    def walk(node: dict[str, Any], path: str) -> None:
+        for name, prop in node.get("properties", {}).items():
+            paths.append(f"{path}.{name}")
+            walk(prop.get("items", prop), f"{path}.{name}")
+
+    walk(schema, "workflowstream")
+    assert len(paths) > 40
+    for path in paths:
+        explained = kube.kubectl("explain", path).stdout
+        assert "<no description>" not in explained.split("FIELDS:")[0], path
+    content_class = " ".join(kube.kubectl("explain", "workflowstream.spec.pins.contentClass").stdout.split())
+    assert "use reasoning_summary for a user-visible summary" in content_class
+    held = " ".join(kube.kubectl("explain", "streamlegalhold.spec.requestedBy").stdout.split())
+    assert "Who asked for the hold" in held
+
+    # the category lists both kinds; the plural only streams
+    apply(kube, namespace, stream_manifest("listed", "run-l", "listed"))
+    apply(kube, namespace, hold_manifest("listed-hold", "listed"))
+    both = kube.kubectl("get", "-n", namespace, "workflow-streams", "-o", "name").stdout.split()
+    assert set(both) == {
+        "workflowstream.workflowstreams.dev/listed",
+        "streamlegalhold.workflowstreams.dev/listed-hold",
+    }
+    streams = kube.kubectl("get", "-n", namespace, "workflowstreams", "-o", "name").stdout.split()
+    assert streams == ["workflowstream.workflowstreams.dev/listed"]
+
+
+def cli(*args: str, kube: ControlPlane) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "workflow_streams.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "KUBECONFIG": str(kube.kubeconfig)},
+    )
+
+
+async def test_cli_hold_waits_until_applied_and_release_until_released(
+    kube: ControlPlane, namespace: str, operator: Operator, db: asyncpg.Connection
+) -> None:
+    apply(kube, namespace, stream_manifest("audited", "run-cli", "audited"))
+    await asyncio.to_thread(wait_condition, kube, namespace, "wfs/audited", "Ready")
+    hold = ("hold", "audited", "-n", namespace, "--matter", "M-7", "--reason", "audit", "--requested-by", "l@x")
+    placed = await asyncio.to_thread(cli, *hold, kube=kube)
+    assert placed.returncode == 0, placed.stderr
+    assert "applied" in placed.stdout
+    # the CLI returned only once the hold was in place
+    assert await db.fetchval("SELECT count(*) FROM wfs_legal_holds WHERE released_at IS NULL") == 1
+
+    released = await asyncio.to_thread(cli, "release", "audited-m-7", "-n", namespace, kube=kube)
+    assert released.returncode == 0, released.stderr
+    assert "released" in released.stdout
+    assert await db.fetchval("SELECT count(*) FROM wfs_legal_holds WHERE released_at IS NULL") == 0
+    assert kube.kubectl("get", "-n", namespace, "wfhold/audited-m-7", check=False).returncode != 0
+
+
 def test_api_server_enforces_pins(kube: ControlPlane, namespace: str) -> None:
     apply(kube, namespace, stream_manifest("fixed", "run-2", "fixed"))
     changed = stream_manifest("fixed", "run-2", "fixed", direction="input")

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import os
 import ssl
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +15,10 @@ import aiohttp
 import yaml
 
 HOLDS = "/apis/workflowstreams.dev/v1alpha1/namespaces/{namespace}/streamlegalholds"
+
+
+class HoldPending(Exception):
+    """A hold or release was requested, but the operator has not reported it done; the request stands."""
 
 
 def _material(entry: dict[str, Any], key: str) -> str | None:
@@ -50,6 +56,8 @@ class KubeClient:
             session.request(method, self.server + path, json=body, headers=self.headers) as resp,
         ):
             answer: dict[str, Any] = await resp.json(content_type=None)
+            if resp.status == 404 and method == "GET":
+                raise LookupError(answer.get("message", "not found"))
             if resp.status >= 400:
                 raise PermissionError(f"{resp.status}: {answer.get('message', answer)}")
             return answer
@@ -67,3 +75,44 @@ class KubeClient:
 
     async def delete_hold(self, namespace: str, name: str) -> dict[str, Any]:
         return await self.request("DELETE", HOLDS.format(namespace=namespace) + f"/{name}")
+
+    async def wait_hold_applied(self, namespace: str, name: str, seconds: float, poll: float = 0.5) -> dict[str, Any]:
+        """The hold's ``Applied`` condition once the operator reports it True (the stream is held in
+        Postgres and on its objects). Raises HoldPending, with the last condition seen, after ``seconds``."""
+        deadline = time.monotonic() + seconds
+        applied: dict[str, Any] | None = None
+        while True:
+            try:
+                hold = await self.request("GET", HOLDS.format(namespace=namespace) + f"/{name}")
+            except LookupError:
+                raise HoldPending(
+                    f"streamlegalhold.workflowstreams.dev/{name} was deleted before the operator applied it"
+                ) from None
+            conditions = hold.get("status", {}).get("conditions", [])
+            applied = next((c for c in conditions if c.get("type") == "Applied"), applied)
+            if applied is not None and applied.get("status") == "True":
+                return applied
+            if time.monotonic() >= deadline:
+                seen = f"its Applied condition says: {applied.get('message')}" if applied else "it has no status yet"
+                raise HoldPending(
+                    f"streamlegalhold.workflowstreams.dev/{name} was created, but within {seconds:g}s the operator "
+                    f"did not report the hold applied ({seen}); the stream may not be held yet. Is the operator "
+                    f"running? See kubectl describe streamlegalhold {name} -n {namespace}"
+                )
+            await asyncio.sleep(poll)
+
+    async def wait_hold_gone(self, namespace: str, name: str, seconds: float, poll: float = 0.5) -> None:
+        """Until the hold object is gone: the operator's finalizer releases the hold, then lets it go."""
+        deadline = time.monotonic() + seconds
+        while True:
+            try:
+                await self.request("GET", HOLDS.format(namespace=namespace) + f"/{name}")
+            except LookupError:
+                return
+            if time.monotonic() >= deadline:
+                raise HoldPending(
+                    f"streamlegalhold.workflowstreams.dev/{name} is being deleted, but within {seconds:g}s the "
+                    "operator did not release the hold; the stream is still held until it does. Is the operator "
+                    f"running? See kubectl describe streamlegalhold {name} -n {namespace}"
+                )
+            await asyncio.sleep(poll)
