@@ -72,27 +72,36 @@ def encode_offset(sequence: int) -> str:
 
 @dataclass(frozen=True)
 class Offset:
-    """A parsed ``offset`` parameter: ``after`` is the exclusive cursor, or None for ``now`` (the tail)."""
+    """A parsed ``offset`` parameter: ``after`` is the exclusive cursor, or None for the sentinels
+    ``now`` (the tail) and ``-1`` (the start of what the stream still holds)."""
 
     after: int | None
+    is_now: bool = False
 
     @property
-    def is_now(self) -> bool:
-        return self.after is None
+    def is_start(self) -> bool:
+        return self.after is None and not self.is_now
+
+    def resolve(self, earliest: int, latest: int) -> int:
+        """The exclusive cursor: the start of the retained records for ``-1`` (a reader that asks for the
+        beginning gets what is left, not 410), the last record for ``now``."""
+        if self.is_now:
+            return latest
+        return earliest - 1 if self.after is None else self.after
 
 
 def parse_offset(values: list[str]) -> Offset:
     """The ``offset`` query parameter (all its values: a repeated parameter is refused). Absent means
     the start. Only sentinels and offsets this server hands out are accepted."""
     if not values:
-        return Offset(0)
+        return Offset(None)
     if len(values) > 1:
         raise InvalidInput("offset must be given at most once", field="offset")
     text = values[0]
     if text == START:
-        return Offset(0)
-    if text == NOW:
         return Offset(None)
+    if text == NOW:
+        return Offset(None, is_now=True)
     if len(text) != OFFSET_WIDTH or not _DIGITS.fullmatch(text) or int(text) > 2**63 - 1:
         raise InvalidInput(f"offset must be -1, now, or an offset this server returned, not {text!r}", field="offset")
     return Offset(int(text))

@@ -21,6 +21,7 @@ from ...runtime import group_commit
 from ...store import durable as store
 from ...store.appends import AppendRequest
 from ..common import client_region_of
+from ..problems import NOT_VISIBLE, problem
 from ..state import AppState, principal_of, state_of
 from . import headers as h
 from . import live
@@ -86,6 +87,11 @@ def _stream_headers(meta: store.Meta) -> dict[str, str]:
     return headers
 
 
+def _not_visible() -> web.Response:
+    """PUT of a stream this caller may not see: 403 as on our own API's create (elsewhere 404)."""
+    return problem(403, "forbidden", NOT_VISIBLE)
+
+
 async def options(request: web.Request) -> web.Response:
     return h.preflight(request)
 
@@ -109,12 +115,12 @@ async def put(request: web.Request) -> web.Response:
         except rules.ConfigConflict as exc:
             existing: store.Meta = exc.extra["meta"]
             if not may_see(existing.pins.authorization, call.principal):
-                raise Forbidden("not visible") from None
+                return _not_visible()
             raise
     call.app.hub.publish(created.signals)  # committed
     meta = created.meta
     if not created.created and not may_see(meta.pins.authorization, call.principal):
-        raise Forbidden("not visible")
+        return _not_visible()
     headers = {**_stream_headers(meta), h.NEXT_OFFSET: rules.encode_offset(meta.last_sequence)}
     if meta.closed:
         headers[h.CLOSED] = "true"
@@ -164,7 +170,7 @@ async def get(request: web.Request) -> web.StreamResponse:
         meta = await store.load(conn, call.run_id, call.stream_id)
         _authorize(call, meta, "read" if mode is None else "subscribe", request)
         await store.touch(conn, meta)
-    after = meta.last_sequence if offset.after is None else offset.after
+    after = offset.resolve(meta.earliest_sequence, meta.last_sequence)
     if mode == "long-poll":
         return await live.long_poll(request, call.app, meta, after)
     if mode == "sse":
