@@ -12,7 +12,7 @@ func TestFollowCountsDuplicatesAndGaps(t *testing.T) {
 		": heartbeat\n\n",
 		"id: 1\nevent: record\ndata: {\"sequence\":1,\"data\":{\"t\":1,\"p\":\"x\"}}\n\n",
 		"id: 2\nevent: record\ndata: {\"sequence\":2,\"data\":{\"t\":1}}\n\n",
-		"id: 2\nevent: record\ndata: {\"sequence\":2,\"data\":{\"t\":1}}\n\n", // duplicate
+		"id: 2\nevent: record\ndata: {\"sequence\":2,\"data\":{\"t\":1}}\n\n",  // duplicate
 		"id: 5\r\nevent: record\r\ndata: {\"sequence\":5,\"data\":{}}\r\n\r\n", // gap of 2; CRLF; no send time
 		"event: close\ndata: {\"last_sequence\":5}\n\n",
 	}
