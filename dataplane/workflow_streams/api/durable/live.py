@@ -18,6 +18,7 @@ from ...domain.errors import StreamError, StreamNotFound
 from ...domain.wakes import RECORDS
 from ...store import durable as store
 from ..state import STREAMING, AppState
+from ..subscribe import OPEN_STREAMS
 from . import headers as h
 from .pages import page_response, payloads, read_page, trimmed
 
@@ -82,7 +83,11 @@ async def sse(request: web.Request, app: AppState, meta: store.Meta, after: int)
     ``streamClosed`` and ends the response. Connections end after ``durable_sse_seconds`` so that
     clients spread over replicas (and CDNs can collapse them); clients resume at the last offset."""
     settings = app.settings
-    headers = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+    headers = {
+        "Content-Type": "text/event-stream",
+        "Cache-Control": "no-cache, no-transform",
+        "X-Accel-Buffering": "no",
+    }
     if rules.sse_base64(meta.content_type):
         headers[h.SSE_ENCODING] = "base64"
     response = web.StreamResponse(status=200, headers=headers)
@@ -106,6 +111,9 @@ async def sse(request: web.Request, app: AppState, meta: store.Meta, after: int)
             if not response.prepared:
                 request[STREAMING] = True
                 await response.prepare(request)
+                task = asyncio.current_task()
+                if task is not None:  # ended on shutdown like our own subscriptions: clients resume elsewhere
+                    request.config_dict[OPEN_STREAMS].add(task)
             next_after = page.next_after if page.next_after is not None else after
             up_to_date = next_after >= page.bounds.latest
             closed = page.closed and up_to_date
