@@ -201,6 +201,21 @@ async def test_permanent_errors_are_one_line_at_once(server: Replica, env: dict[
     assert "Traceback" not in held.stderr
 
 
+async def test_transient_failures_are_retried_visibly(server: Replica, env: dict[str, str]) -> None:
+    tight = pins(credit={"max_unread_items": 1, "max_unread_bytes": 10_000, "policy": "reject"})
+    await acli("create", "run", "tight", "--pins", "-", env=env, stdin=json.dumps(tight))
+    await acli("append", "run", "tight", "1", env=env)
+    result = await acli("append", "run", "tight", "2", "--max-wait", "2.5", env=env)
+    assert result.returncode == 1
+    *retries, last = result.stderr.splitlines()
+    assert retries and all("429 backpressure; retrying in" in line for line in retries), result.stderr
+    assert last.startswith("error: 429 backpressure"), last
+    status, _, terminal = await asyncio.to_thread(
+        on_a_terminal, "append", "run", "tight", "2", "--max-wait", "1.5", env=env
+    )
+    assert status == 1 and "retrying in 1s (Ctrl-C stops)" in terminal, terminal
+
+
 async def test_an_object_store_missing_is_permanent(database_url: str, tmp_path: Path) -> None:
     plain = Replica(database_url, tmp_path / "plain.log", WFS_REGION="eu-west-1")  # no WFS_S3_REGIONS
     try:
