@@ -28,6 +28,7 @@ class Replica:
             "WFS_PORT": str(self.port),
             "WFS_TOKENS": json.dumps({"tok-alice": "alice"}),
             "WFS_PRUNE_INTERVAL_SECONDS": "0",
+            "WFS_WORKERS": "1",  # one process, so kill() is a crash of the whole replica
             **env_overrides,
         }
         self.proc = subprocess.Popen(

@@ -170,7 +170,7 @@ async def test_rendered_records_match_the_decoded_form(api: StreamsApi, db: asyn
     """The spliced JSON rendering says exactly what decoding and re-encoding would."""
     import json
 
-    from workflow_streams.store import reads
+    from workflow_streams import wire
 
     await api.create("r", "s")
     values = [{"a": [1, 2.5, None, True]}, "line\nbreak \u2028 \u00e9 \U0001f600", 0, [], {"q": '"quoted"'}]
@@ -179,7 +179,7 @@ async def test_rendered_records_match_the_decoded_form(api: StreamsApi, db: asyn
     await api.append("r", "s", body=body)
     rows = await db.fetch("SELECT * FROM wfs_records ORDER BY sequence")
     for row in rows:
-        assert json.loads(reads.record_bytes(row)) == reads.record_json(row)
+        assert json.loads(wire.record_bytes(row)) == wire.record_json(row)
     page = await (await api.read("r", "s")).json()
     assert [r.get("data") for r in page["records"][:5]] == values
     assert page["records"][5]["data_base64"] == "aGk="

@@ -12,6 +12,8 @@ from aiohttp.test_utils import TestClient
 
 from tests.support import BOB, EVE, SseReader, StreamsApi, credit, problem
 from workflow_streams.api.app import create_app
+from workflow_streams.domain.wakes import RECORDS, Signal
+from workflow_streams.store import notify
 from workflow_streams.store.retention import prune_stream
 
 
@@ -113,7 +115,7 @@ async def test_skipped_wake_is_recorded_as_gap_evidence(api: StreamsApi, db: asy
     events = SseReader(await subscribe(api, "r", "s"))
     assert await events.records(2) == [1, 2]
     # a wake that announces sequence 5 when 3 is next: notifications 3..4 were missed
-    await db.execute("SELECT pg_notify('wfs_records', 'r/s/5/5')")
+    await notify.send(db, [Signal(RECORDS, "r", "s", 5, 5)], sender="test")
     for _ in range(100):
         row = await db.fetchrow("SELECT expected_sequence, observed_sequence, detected_by FROM wfs_gap_evidence")
         if row:

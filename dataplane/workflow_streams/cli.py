@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import logging
 from pathlib import Path
 
@@ -74,9 +75,13 @@ def cmd_migrate(_args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_serve(_args: argparse.Namespace) -> int:
-    _serve(Settings.from_env())
-    return 0
+def cmd_serve(args: argparse.Namespace) -> int:
+    from .serving import serve
+
+    settings = Settings.from_env()
+    if args.workers is not None:
+        settings = dataclasses.replace(settings, workers=args.workers)
+    return serve(settings)
 
 
 def cmd_dev(args: argparse.Namespace) -> int:
@@ -114,6 +119,12 @@ def main(argv: list[str] | None = None) -> int:
         help="serve the data plane, configured from WFS_* env",
         description=SERVE_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    serve.add_argument(
+        "--workers",
+        type=int,
+        metavar="N",
+        help="serving processes sharing the port via SO_REUSEPORT (default: $WFS_WORKERS, else one per core)",
     )
     serve.set_defaults(func=cmd_serve)
     sub.add_parser("migrate", help="apply pending migrations to WFS_DATABASE_URL").set_defaults(func=cmd_migrate)

@@ -49,6 +49,12 @@ def parse_tokens(text: str) -> dict[str, Principal]:
     return tokens
 
 
+def _wake_source(text: str) -> str:
+    if text not in ("listen", "poll"):
+        raise SystemExit(f"WFS_WAKE_SOURCE must be 'listen' or 'poll', not {text!r}")
+    return text
+
+
 def durable_from_env(env: Mapping[str, str]) -> dict[str, Any]:
     """The Durable Streams surface's settings (``WFS_DS_*``)."""
     template = env.get("WFS_DS_TEMPLATE")
@@ -117,6 +123,19 @@ class Settings:
     durable_long_poll_seconds: float = 10.0
     # SSE connections end after this long; clients resume at their last offset (PROTOCOL.md 8.2)
     durable_sse_seconds: float = 60.0
+    # how other processes' commits wake this one: "listen" (LISTEN/NOTIFY, plus a slow head poll as a
+    # safety net) or "poll" (head polling only: for PgBouncer in transaction pooling, where LISTEN fails)
+    wake_source: str = "listen"
+    # how often watched streams' heads are polled (None: 1 s with LISTEN, 0.2 s in poll-only mode)
+    wake_poll_seconds: float | None = None
+    # serving processes sharing the port (SO_REUSEPORT); 0 = one per core
+    workers: int = 1
+
+    @property
+    def head_poll_seconds(self) -> float:
+        if self.wake_poll_seconds is not None:
+            return self.wake_poll_seconds
+        return 0.2 if self.wake_source == "poll" else 1.0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> Settings:
@@ -154,4 +173,7 @@ class Settings:
             delivery_backoff_base_seconds=float(env.get("WFS_DELIVERY_BACKOFF_BASE_SECONDS", "0.5")),
             delivery_max_attempts=int(env.get("WFS_DELIVERY_MAX_ATTEMPTS", "25")),
             **durable_from_env(env),
+            wake_source=_wake_source(env.get("WFS_WAKE_SOURCE", "listen")),
+            wake_poll_seconds=float(env["WFS_WAKE_POLL_SECONDS"]) if env.get("WFS_WAKE_POLL_SECONDS") else None,
+            workers=int(env.get("WFS_WORKERS", "0")),
         )

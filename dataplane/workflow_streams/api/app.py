@@ -17,16 +17,18 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from .. import API_PREFIX, metrics, payloadlog
 from ..config import Settings
 from ..objectstore import ObjectStore
-from ..store.appends import AppendCoalescer
+from ..runtime.group_commit import GroupCommit
+from ..runtime.listen_notify import ListenNotify
+from ..runtime.reads import SharedReads
+from ..runtime.wakes import PollOnly, WakeHub, WakeSource, process_id
 from ..store.db import create_pool
-from ..store.reads import SharedReads
-from ..store.wakes import WakeHub
 from ..workers.dispatcher import Dispatcher, DispatchSettings
 from ..workers.metrics_sampler import run_sampler
 from ..workers.objects import run_janitor
 from ..workers.pruner import run_pruner
 from . import objects, openapi, streams, subscribe
 from .auth import TokenAuthenticator
+from .durable import create_app as create_durable_app
 from .kubeauth import TokenReviewer
 from .problems import problem_middleware
 from .state import STATE, AppState
@@ -81,6 +83,12 @@ def dispatch_settings(settings: Settings) -> DispatchSettings:
     )
 
 
+def wake_source(settings: Settings) -> WakeSource:
+    if settings.wake_source == "poll":
+        return PollOnly()
+    return ListenNotify(settings.database_url, process_id(), application_name=settings.listen_application_name)
+
+
 def create_app(settings: Settings) -> web.Application:
     app = web.Application(
         client_max_size=settings.max_request_bytes, middlewares=[metrics_middleware, problem_middleware]
@@ -91,7 +99,7 @@ def create_app(settings: Settings) -> web.Application:
         if settings.metadata_region is None:
             log.warning("WFS_METADATA_REGION is unset: metadata-home placement is not enforced")
         pool = await create_pool(settings.database_url, settings.pool_min, settings.pool_max)
-        hub = WakeHub(settings.database_url, application_name=settings.listen_application_name)
+        hub = WakeHub(wake_source(settings), pool, settings.head_poll_seconds)
         await hub.start()
         store = None
         if settings.s3_regions:
@@ -99,7 +107,7 @@ def create_app(settings: Settings) -> web.Application:
             await store.open()
         reviewer = TokenReviewer(settings.kube_auth) if settings.kube_auth else None
         authenticator = TokenAuthenticator(settings.tokens, reviewer)
-        app[STATE] = AppState(settings, pool, hub, authenticator, SharedReads(pool), AppendCoalescer(pool), store)
+        app[STATE] = AppState(settings, pool, hub, authenticator, SharedReads(pool, hub), GroupCommit(pool, hub), store)
         tasks = []
         tasks.append(asyncio.create_task(run_sampler(pool, settings.metrics_sample_seconds)))
         if store is not None and settings.janitor_interval_seconds > 0:
@@ -136,4 +144,6 @@ def create_app(settings: Settings) -> web.Application:
     app.router.add_get("/readyz", _ready)
     app.router.add_get("/metrics", _metrics)
     app.add_subapp(API_PREFIX, api)
+    if settings.durable_prefix:  # the Durable Streams protocol over the same store and wakes
+        app.add_subapp(settings.durable_prefix, create_durable_app())
     return app

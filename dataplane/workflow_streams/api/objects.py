@@ -11,8 +11,9 @@ from aiohttp import web
 from ..domain.errors import InvalidInput, NotFound, ObjectRegionUnavailable
 from ..domain.objects import parse_prepare
 from ..objectstore import ObjectStore
+from ..runtime.group_commit import with_credit_wait
 from ..store import objects, retention
-from ..store.appends import AppendResult, with_credit_wait
+from ..store.appends import AppendResult
 from .common import STREAM, chunks_with_idle_timeout, json_response, read_json, stream_key
 from .state import AppState, principal_of, state_of
 
@@ -100,7 +101,7 @@ async def commit(request: web.Request) -> web.Response:
 
     async def attempt() -> AppendResult:
         async with app.pool.acquire() as conn:
-            return await objects.commit(
+            result, signals = await objects.commit(
                 conn,
                 run_id,
                 stream_id,
@@ -109,6 +110,8 @@ async def commit(request: web.Request) -> web.Response:
                 evidence.size if evidence else None,
                 evidence.checksum if evidence else None,
             )
+        app.hub.publish(signals)  # committed
+        return result
 
     result = await with_credit_wait(app.hub, run_id, stream_id, attempt)
     async with app.pool.acquire() as conn:

@@ -10,9 +10,9 @@ from aiohttp import web
 from ..config import Settings
 from ..domain.authz import Principal
 from ..objectstore import ObjectStore
-from ..store.appends import AppendCoalescer
-from ..store.reads import SharedReads
-from ..store.wakes import WakeHub
+from ..runtime.group_commit import GroupCommit
+from ..runtime.reads import SharedReads
+from ..runtime.wakes import WakeHub
 from .auth import TokenAuthenticator
 
 
@@ -23,7 +23,7 @@ class AppState:
     hub: WakeHub
     authenticator: TokenAuthenticator
     shared_reads: SharedReads
-    appends: AppendCoalescer
+    appends: GroupCommit
     objects: ObjectStore | None = None
 
 

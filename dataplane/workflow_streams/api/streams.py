@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncpg
 from aiohttp import web
 
-from .. import metrics
+from .. import metrics, wire
 from ..domain.authz import Action, Principal, may_see, require
 from ..domain.cursor import parse_cursor
 from ..domain.errors import Forbidden, InvalidInput, NotAnInputStream, PinsConflict
@@ -13,8 +13,11 @@ from ..domain.ids import check_id
 from ..domain.pins import parse_pins
 from ..domain.placement import check_metadata_home
 from ..domain.records import parse_append_body
+from ..domain.wakes import ACKS, RECORDS, Signal
 from ..holds import apply_legal_hold
-from ..store import appends, consumers, definitions, deliveries, reads
+from ..runtime.group_commit import append_records
+from ..store import consumers, definitions, deliveries, reads
+from ..store.appends import AppendRequest
 from .common import STREAM, client_region_of, json_object, json_response, read_json, stream_key
 from .state import principal_of, state_of
 
@@ -136,7 +139,7 @@ async def append(request: web.Request) -> web.Response:
     key = _idempotency_key(request)
     records = parse_append_body(await read_json(request))
     with metrics.APPEND_SECONDS.time():
-        result = await appends.append_records(app.appends, app.hub, run_id, stream_id, records, principal, key)
+        result = await append_records(app.appends, app.hub, AppendRequest(run_id, stream_id, records, principal, key))
     headers = {"Idempotent-Replayed": "true"} if result.replayed else None
     return json_response(result.to_json(), status=200 if result.replayed else 201, headers=headers)
 
@@ -153,7 +156,7 @@ async def read(request: web.Request) -> web.Response:
             conn, run_id, stream_id, after, limit, principal, "read", client_region_of(request)
         )
     metrics.READ_RECORDS.inc(len(page.records))
-    return web.Response(body=reads.page_bytes(page, after), content_type="application/json")
+    return web.Response(body=wire.page_bytes(page, after), content_type="application/json")
 
 
 @routes.post(STREAM + "/consumers/{consumer_id}/ack")
@@ -168,6 +171,7 @@ async def ack(request: web.Request) -> web.Response:
         raise InvalidInput("sequence must be a non-negative integer", field="sequence")
     async with app.pool.acquire() as conn:
         result = await consumers.ack(conn, run_id, stream_id, consumer_id, sequence, principal)
+    app.hub.publish([Signal(ACKS, run_id, stream_id, sequence, sequence)])  # committed: wake blocked producers
     return json_response(result)
 
 
@@ -178,6 +182,8 @@ async def close(request: web.Request) -> web.Response:
     run_id, stream_id = stream_key(request)
     async with app.pool.acquire() as conn:
         state = await definitions.close_stream(conn, run_id, stream_id, principal)
+    # committed: subscribers drain and then see the close
+    app.hub.publish([Signal(RECORDS, run_id, stream_id, 0, state.last_sequence)])
     return json_response(state.to_json())
 
 

@@ -18,11 +18,15 @@ from collections.abc import Iterator
 
 import asyncpg
 from aiohttp import web
+from aiohttp.abc import AbstractStreamWriter
 
 from .. import metrics
+from ..domain.authz import Principal
 from ..domain.cursor import parse_cursor
 from ..domain.errors import InvalidInput, StreamError, StreamNotFound, TooManySubscriptions
-from ..store import gaps, reads, wakes
+from ..runtime import wakes
+from ..runtime.reads import SharedPage, SharedReads
+from ..store import gaps, reads
 from ..store.db import DB_UNAVAILABLE
 from .common import STREAM, client_region_of, stream_key
 from .state import STREAMING, principal_of, state_of
@@ -50,15 +54,29 @@ def _resume_cursor(request: web.Request) -> int:
     return parse_cursor(request.query.get("after"))
 
 
-def _event(record: asyncpg.Record) -> bytes:
-    # the record's JSON has no raw newlines (JSON escapes them), so it is one data line
-    return f"id: {record['sequence']}\nevent: record\ndata: ".encode() + reads.record_bytes(record) + b"\n\n"
+# a write that leaves at most this much in the socket's buffer cannot block (below the transport's
+# high-water mark), so it needs no timeout
+_UNBLOCKING_BYTES = 16 * 1024
 
 
-async def _write(response: web.StreamResponse, chunk: bytes) -> None:
-    # wait_for rather than asyncio.timeout: a timeout that cancels the handler task itself while
-    # aiohttp drains the socket left a stalled subscriber hanging (test_slow_subscriber...)
-    await asyncio.wait_for(response.write(chunk), WRITE_TIMEOUT_SECONDS)
+class _EventStream(web.StreamResponse):
+    """A streaming response that knows its socket, so most writes need no timer."""
+
+    _transport: asyncio.Transport | None = None
+
+    async def prepare(self, request: web.BaseRequest) -> AbstractStreamWriter | None:
+        self._transport = request.transport
+        return await super().prepare(request)
+
+    async def send(self, chunk: bytes) -> None:
+        transport = self._transport
+        if transport is not None and transport.get_write_buffer_size() + len(chunk) <= _UNBLOCKING_BYTES:
+            # the common case of fan-out: no timer and no task per write (wait_for makes a task per call)
+            await self.write(chunk)
+            return
+        # wait_for rather than asyncio.timeout: a timeout that cancels the handler task itself while
+        # aiohttp drains the socket left a stalled subscriber hanging (test_slow_subscriber...)
+        await asyncio.wait_for(self.write(chunk), WRITE_TIMEOUT_SECONDS)
 
 
 @routes.get(STREAM + "/subscribe")
@@ -75,27 +93,30 @@ async def subscribe(request: web.Request) -> web.StreamResponse:
 
     with _subscription_slot(request, principal.name), app.hub.watch(wakes.RECORDS, run_id, stream_id) as wake:
         # the first read validates cursor and rights, so errors are ordinary HTTP responses
-        async with app.pool.acquire() as conn:
-            page = await reads.read_page(
-                conn, run_id, stream_id, after, PAGE, principal, "subscribe", client_region_of(request)
-            )
+        shared = await _first_page(request, principal, run_id, stream_id, after)
         response = await _start_event_stream(request)
         last = after
         try:
             while True:
-                last = await _deliver(response, page, last)
+                last = await _deliver(response, shared, last)
+                wake.cursor = last
+                page = shared.page
                 if len(page.records) < PAGE:  # caught up: follow
                     if page.closed and last >= page.bounds.latest:
-                        await _write(response, _close_event(last))
+                        await response.send(_close_event(last))
                         break
                     if not await _await_news(response, wake, ends_at, settings.sse_heartbeat_seconds):
                         break  # rebalance: the client reconnects (maybe elsewhere) with Last-Event-ID
                     await _note_gap(app.pool, run_id, stream_id, wake, last)
+                # clear, then take the generation: a signal after this point sets the flag again
                 wake.clear()
-                page = await _read_retrying(app.shared_reads, run_id, stream_id, last, page.pins_digest, response)
+                woken_at = app.hub.generation(run_id, stream_id)
+                shared = await _read_retrying(
+                    app.shared_reads, run_id, stream_id, last, woken_at, page.pins_digest, response
+                )
         except StreamError as exc:
             # e.g. retention pruned past a lagging subscriber: say why in-band, then end
-            await _write(response, _error_event(exc))
+            await response.send(_error_event(exc))
         except ConnectionResetError:
             log.info("subscriber of %s/%s left at sequence %d", run_id, stream_id, last)
         except TimeoutError:
@@ -123,8 +144,8 @@ def _subscription_slot(request: web.Request, principal: str) -> Iterator[None]:
             del counts[principal]
 
 
-async def _start_event_stream(request: web.Request) -> web.StreamResponse:
-    response = web.StreamResponse(
+async def _start_event_stream(request: web.Request) -> _EventStream:
+    response = _EventStream(
         headers={
             "Content-Type": "text/event-stream",
             "Cache-Control": "no-cache, no-transform",
@@ -136,18 +157,37 @@ async def _start_event_stream(request: web.Request) -> web.StreamResponse:
     if task is not None:
         request.config_dict[OPEN_STREAMS].add(task)
     request[STREAMING] = True
-    await _write(response, f"retry: {RECONNECT_MS}\n\n".encode())
+    await response.send(f"retry: {RECONNECT_MS}\n\n".encode())
     return response
 
 
-async def _deliver(response: web.StreamResponse, page: reads.Page, last: int) -> int:
+async def _first_page(
+    request: web.Request, principal: Principal, run_id: str, stream_id: str, after: int
+) -> SharedPage:
+    """The backfill, shared with subscribers connecting at the same cursor (a burst of connections is
+    one read per stream), then authorized for this caller. A read that fails is repeated unshared
+    with the caller's rights checked first, so a caller without rights learns nothing, not even
+    whether its cursor is valid."""
+    app = state_of(request)
+    region = client_region_of(request)
+    try:
+        # no read older than this watch: what committed before it may never be signalled to us
+        shared = await app.shared_reads.page(run_id, stream_id, after, PAGE, app.hub.clock)
+    except StreamError:
+        async with app.pool.acquire() as conn:
+            await reads.read_page(conn, run_id, stream_id, after, PAGE, principal, "subscribe", region)
+        raise  # not reached unless the stream changed between the two reads
+    reads.authorize(shared.page.pins, principal, "subscribe", region)
+    return shared
+
+
+async def _deliver(response: _EventStream, shared: SharedPage, last: int) -> int:
     """Write the page's records after ``last``; boundary duplicates are dropped. Returns the new last."""
-    fresh = [r for r in page.records if r["sequence"] > last]
-    if fresh:
-        await _write(response, b"".join(_event(r) for r in fresh))
-        metrics.SUBSCRIPTION_EVENTS.inc(len(fresh))
-        return int(fresh[-1]["sequence"])
-    return last
+    chunk, count, new_last = shared.events_after(last)
+    if count:
+        await response.send(chunk)
+        metrics.SUBSCRIPTION_EVENTS.inc(count)
+    return new_last
 
 
 def _error_event(exc: StreamError) -> bytes:
@@ -159,7 +199,7 @@ def _close_event(last: int) -> bytes:
     return f"event: close\ndata: {json.dumps({'last_sequence': last})}\n\n".encode()
 
 
-async def _await_news(response: web.StreamResponse, wake: wakes.Wake, ends_at: float, heartbeat: float) -> bool:
+async def _await_news(response: _EventStream, wake: wakes.Wake, ends_at: float, heartbeat: float) -> bool:
     """Wait for a wake, writing heartbeat comments while idle. False once the connection's time is up."""
     loop = asyncio.get_running_loop()
     while True:
@@ -168,31 +208,32 @@ async def _await_news(response: web.StreamResponse, wake: wakes.Wake, ends_at: f
             return False
         if await wake.wait(min(heartbeat, remaining)):
             return True
-        await _write(response, b": heartbeat\n\n")
+        await response.send(b": heartbeat\n\n")
 
 
 async def _read_retrying(
-    shared: reads.SharedReads,
+    shared: SharedReads,
     run_id: str,
     stream_id: str,
     after: int,
+    woken_at: int,
     pins_digest: str,
-    response: web.StreamResponse,
-) -> reads.Page:
+    response: _EventStream,
+) -> SharedPage:
     """The next page, read once for every subscriber at this cursor. The first read authorized this
     subscriber; pins never change, so only a replaced stream (another digest) ends it. Postgres
     restarts are waited out, with heartbeats so proxies keep the connection."""
     delay = 0.1
     while True:
         try:
-            page = await shared.page(run_id, stream_id, after, PAGE)
+            page = await shared.page(run_id, stream_id, after, PAGE, woken_at)
         except DB_UNAVAILABLE as exc:
             log.warning("subscription read failed (%s); retrying in %.1fs", exc, delay)
-            await _write(response, b": database unavailable, retrying\n\n")
+            await response.send(b": database unavailable, retrying\n\n")
             await asyncio.sleep(delay)
             delay = min(delay * 2, 2.0)
             continue
-        if page.pins_digest != pins_digest:
+        if page.page.pins_digest != pins_digest:
             raise StreamNotFound("the stream was deleted and created again")
         return page
 

@@ -1,23 +1,28 @@
-"""Appending records: credit is decided under the stream row lock from durable counters.
+"""Appending records: credit is decided under the stream row locks from durable counters.
 
-Every append goes through ``_append_requests``: under the stream's row lock it takes one or more
-append requests in order, decides each (rights, idempotency receipt, closed, credit) against counters
-it advances as it goes, and writes the accepted ones with one INSERT, one counter UPDATE and one
-NOTIFY. ``AppendCoalescer`` uses that to group-commit concurrent appends to the same stream: a hot
-stream's row lock and fsync are paid once per batch instead of once per request.
+``append_batch`` takes append requests for any number of streams and, in the caller's transaction:
+
+1. locks every stream row involved in one statement, in key order (so two processes locking
+   overlapping sets of streams never deadlock);
+2. reads each stream's slowest ack and the bytes behind it in one statement;
+3. reads the Idempotency-Key receipts of the batch in one statement (only if any request has a key);
+4. decides each request on its own, in arrival order per stream (rights, receipt, closed, credit)
+   against counters it advances as it goes; a refused request writes nothing;
+5. writes every accepted record, counter, receipt and delivery row in one statement.
+
+Round trips do not grow with the number of requests. Nothing here notifies: the caller publishes the
+returned wake signals after COMMIT (``runtime.group_commit``), so no append pays Postgres' notify lock.
 """
 
 from __future__ import annotations
 
-import asyncio
 import functools
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from typing import Any, TypeVar
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
 import asyncpg
 
-from .. import metrics
 from ..domain import credit
 from ..domain.authz import Principal, require
 from ..domain.delivery import event_id
@@ -28,20 +33,16 @@ from ..domain.errors import (
     QuotaExhausted,
     StreamClosed,
     StreamError,
+    StreamNotFound,
 )
 from ..domain.pins import Credit, StreamPins
 from ..domain.records import RecordIn, request_digest
-from ..payloadlog import log_payload
-from . import wakes
-from .definitions import lock_stream, pins_of
-
-T = TypeVar("T")
+from ..domain.wakes import INPUTS, RECORDS, Signal
+from .definitions import pins_of
 
 RETRY_AFTER_SECONDS = 1
-# an ack notification may be lost (reconnect); blocked appenders re-check at least this often
-_ACK_POLL_SECONDS = 1.0
-# requests one group commit takes at most
-_MAX_GROUP = 256
+
+StreamKey = tuple[str, str]
 
 
 @dataclass(frozen=True)
@@ -60,64 +61,145 @@ class AppendResult:
 
 @dataclass
 class AppendRequest:
+    run_id: str
+    stream_id: str
     records: list[RecordIn]
     principal: Principal
     idempotency_key: str | None = None
+
+    @property
+    def key(self) -> StreamKey:
+        return (self.run_id, self.stream_id)
 
     @functools.cached_property
     def digest(self) -> str:
         """Only requests with an Idempotency-Key need it: not hashed on every append."""
         return request_digest(self.records)
 
+    @functools.cached_property
+    def size(self) -> int:
+        return sum(r.size for r in self.records)
 
-_INSERT_RECORDS = """
-INSERT INTO wfs_records
-    (run_id, stream_id, sequence, kind, content_type, payload, size_bytes, cumulative_bytes, object,
-     appended_by, appended_at)
-SELECT $1, $2, r.sequence, r.kind, r.content_type, r.payload, r.size_bytes, r.cumulative_bytes, r.object,
-       r.appended_by, clock_timestamp()
-FROM unnest($3::bigint[], $4::text[], $5::text[], $6::bytea[], $7::bigint[], $8::bigint[], $9::jsonb[],
-            $10::text[])
-     AS r(sequence, kind, content_type, payload, size_bytes, cumulative_bytes, object, appended_by)
+
+Outcome = AppendResult | StreamError
+
+
+@dataclass
+class Batch:
+    """What ``append_batch`` decided: an outcome per request, in request order, and what was written."""
+
+    outcomes: list[Outcome]
+    # per appended-to stream: (first, last) sequence written, and whether it is an input stream
+    written: dict[StreamKey, tuple[int, int, bool]] = field(default_factory=dict)
+    # records appended, by kind, for metrics
+    records_by_kind: dict[str, int] = field(default_factory=dict)
+    # (run, stream, sequence, pins, record) for the payload log
+    appended: list[tuple[str, str, int, StreamPins, RecordIn]] = field(default_factory=list)
+
+    def signals(self) -> list[Signal]:
+        """The wake signals to publish once the transaction committed."""
+        out = []
+        for (run_id, stream_id), (first, last, is_input) in self.written.items():
+            out.append(Signal(RECORDS, run_id, stream_id, first, last))
+            if is_input:
+                out.append(Signal(INPUTS, run_id, stream_id, first, last))
+        return out
+
+
+_LOCK = """
+SELECT s.* FROM wfs_streams s
+JOIN unnest($1::text[], $2::text[]) AS k(run_id, stream_id) USING (run_id, stream_id)
+ORDER BY s.run_id, s.stream_id
+FOR UPDATE OF s
 """
 
-_INSERT_RECEIPTS = """
-INSERT INTO wfs_append_receipts
-    (run_id, stream_id, idempotency_key, request_digest, first_sequence, last_sequence, created_by)
-SELECT $1, $2, r.key, r.digest, r.first, r.last, r.created_by
-FROM unnest($3::text[], $4::text[], $5::bigint[], $6::bigint[], $7::text[]) AS r(key, digest, first, last, created_by)
+# The slowest consumer's ack and the cumulative bytes through it. That record is retained whenever the
+# ack is what decides the base (domain.credit.base_sequence); otherwise the pruned bytes are used.
+_ACKS = """
+SELECT k.run_id, k.stream_id, m.min_ack, r.cumulative_bytes AS ack_bytes
+FROM unnest($1::text[], $2::text[]) AS k(run_id, stream_id)
+LEFT JOIN LATERAL (
+    SELECT min(c.acked_sequence) AS min_ack FROM wfs_consumers c
+    WHERE c.run_id = k.run_id AND c.stream_id = k.stream_id
+) m ON true
+LEFT JOIN wfs_records r ON r.run_id = k.run_id AND r.stream_id = k.stream_id AND r.sequence = m.min_ack
 """
 
-_INSERT_DELIVERIES = """
-INSERT INTO wfs_input_deliveries (run_id, stream_id, sequence, event_id)
-SELECT $1, $2, d.sequence, d.event_id FROM unnest($3::bigint[], $4::text[]) AS d(sequence, event_id)
+_RECEIPTS = """
+SELECT r.run_id, r.stream_id, r.idempotency_key, r.request_digest, r.first_sequence, r.last_sequence
+FROM unnest($1::text[], $2::text[], $3::text[]) AS k(run_id, stream_id, idempotency_key)
+JOIN wfs_append_receipts r USING (run_id, stream_id, idempotency_key)
+"""
+
+# Every write of a batch in one statement: data-modifying CTEs all run, referenced or not.
+_WRITE = """
+WITH records AS (
+    INSERT INTO wfs_records
+        (run_id, stream_id, sequence, kind, content_type, payload, size_bytes, cumulative_bytes, object,
+         appended_by, appended_at)
+    SELECT r.run_id, r.stream_id, r.sequence, r.kind, r.content_type, r.payload, r.size_bytes,
+           r.cumulative_bytes, r.object, r.appended_by, clock_timestamp()
+    FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[], $5::text[], $6::bytea[], $7::bigint[],
+                $8::bigint[], $9::jsonb[], $10::text[])
+         AS r(run_id, stream_id, sequence, kind, content_type, payload, size_bytes, cumulative_bytes, object,
+              appended_by)
+), counters AS (
+    UPDATE wfs_streams s SET last_sequence = c.last_sequence, appended_bytes = c.appended_bytes
+    FROM unnest($11::text[], $12::text[], $13::bigint[], $14::bigint[])
+         AS c(run_id, stream_id, last_sequence, appended_bytes)
+    WHERE s.run_id = c.run_id AND s.stream_id = c.stream_id
+), receipts AS (
+    INSERT INTO wfs_append_receipts
+        (run_id, stream_id, idempotency_key, request_digest, first_sequence, last_sequence, created_by)
+    SELECT * FROM unnest($15::text[], $16::text[], $17::text[], $18::text[], $19::bigint[], $20::bigint[],
+                         $21::text[])
+), deliveries AS (
+    INSERT INTO wfs_input_deliveries (run_id, stream_id, sequence, event_id)
+    SELECT * FROM unnest($22::text[], $23::text[], $24::bigint[], $25::text[])
+)
+SELECT 1
 """
 
 
-async def _usage(conn: asyncpg.Connection, row: asyncpg.Record) -> credit.Usage:
-    min_ack = await conn.fetchval(
-        "SELECT min(acked_sequence) FROM wfs_consumers WHERE run_id = $1 AND stream_id = $2",
-        row["run_id"],
-        row["stream_id"],
-    )
-    base = credit.base_sequence(min_ack, row["earliest_sequence"])
-    if base == row["earliest_sequence"] - 1:
-        base_bytes = row["pruned_bytes"]
-    else:
-        base_bytes = await conn.fetchval(
-            """SELECT cumulative_bytes FROM wfs_records
-               WHERE run_id = $1 AND stream_id = $2 AND sequence = $3""",
-            row["run_id"],
-            row["stream_id"],
-            base,
+async def lock_streams(conn: asyncpg.Connection, keys: Sequence[StreamKey]) -> dict[StreamKey, asyncpg.Record]:
+    """The rows of the existing streams among ``keys``, locked for the rest of the transaction in key
+    order (the order every multi-stream locker uses, so lockers never deadlock)."""
+    unique = sorted(set(keys))
+    rows = await conn.fetch(_LOCK, [k[0] for k in unique], [k[1] for k in unique])
+    return {(r["run_id"], r["stream_id"]): r for r in rows}
+
+
+async def _usages(conn: asyncpg.Connection, rows: dict[StreamKey, asyncpg.Record]) -> dict[StreamKey, credit.Usage]:
+    keys = list(rows)
+    acks = await conn.fetch(_ACKS, [k[0] for k in keys], [k[1] for k in keys])
+    usages = {}
+    for a in acks:
+        key = (a["run_id"], a["stream_id"])
+        row = rows[key]
+        base = credit.base_sequence(a["min_ack"], row["earliest_sequence"])
+        base_bytes = row["pruned_bytes"] if base == row["earliest_sequence"] - 1 else a["ack_bytes"]
+        usages[key] = credit.Usage(row["last_sequence"], row["appended_bytes"], base, base_bytes)
+    return usages
+
+
+async def _receipts(
+    conn: asyncpg.Connection, requests: Sequence[AppendRequest]
+) -> dict[tuple[str, str, str], tuple[str, AppendResult]]:
+    keyed = {(q.run_id, q.stream_id, q.idempotency_key) for q in requests if q.idempotency_key is not None}
+    if not keyed:
+        return {}
+    rows = await conn.fetch(_RECEIPTS, *(list(column) for column in zip(*keyed, strict=True)))
+    return {
+        (r["run_id"], r["stream_id"], r["idempotency_key"]): (
+            r["request_digest"],
+            AppendResult(r["first_sequence"], r["last_sequence"], False),
         )
-    return credit.Usage(row["last_sequence"], row["appended_bytes"], base, base_bytes)
+        for r in rows
+    }
 
 
-def _check_credit(pins_credit: Credit, usage: credit.Usage, records: list[RecordIn]) -> None:
-    verdict = credit.decide(pins_credit, usage, len(records), sum(r.size for r in records))
-    if verdict is not credit.Verdict.ALLOW:
-        metrics.CREDIT_REJECTIONS.labels(verdict.value).inc()
+def _check_credit(pins_credit: Credit, usage: credit.Usage, request: AppendRequest) -> None:
+    verdict = credit.decide(pins_credit, usage, len(request.records), request.size)
     if verdict is credit.Verdict.QUOTA_EXHAUSTED:
         raise QuotaExhausted(
             "the stream's total quota is exhausted; nothing was appended",
@@ -137,249 +219,115 @@ def _check_credit(pins_credit: Credit, usage: credit.Usage, records: list[Record
         )
 
 
-async def _append_requests(
-    conn: asyncpg.Connection, row: asyncpg.Record, requests: list[AppendRequest]
-) -> list[AppendResult | StreamError]:
-    """Decide and write ``requests`` in order under the stream row lock ``row`` (taken by the caller in
-    this transaction). Each gets its result or the error that refused it; refusals write nothing."""
-    run_id, stream_id = row["run_id"], row["stream_id"]
-    pins = pins_of(row)
-    usage = await _usage(conn, row)
-    outcomes: list[AppendResult | StreamError] = []
-    accepted: list[tuple[AppendRequest, int]] = []  # (request, its first sequence)
-    in_batch: dict[str, tuple[str, AppendResult]] = {}
-    for request in requests:
-        try:
-            outcomes.append(await _decide(conn, row, pins, usage, request, in_batch))
-        except StreamError as exc:
-            outcomes.append(exc)
-            continue
-        result = outcomes[-1]
-        assert isinstance(result, AppendResult)
-        if not result.replayed:
-            accepted.append((request, result.first_sequence))
-            usage = credit.Usage(
-                result.last_sequence,
-                usage.appended_bytes + sum(r.size for r in request.records),
-                usage.base_sequence,
-                usage.base_bytes,
-            )
-            if request.idempotency_key is not None:
-                in_batch[request.idempotency_key] = (request.digest, result)
-    if accepted:
-        await _write(conn, run_id, stream_id, pins.direction, row["appended_bytes"], accepted, usage)
-        for request, first in accepted:
-            for offset, record in enumerate(request.records):
-                metrics.APPENDED_RECORDS.labels(record.kind).inc()
-                log_payload(
-                    f"appended {run_id}/{stream_id}/{first + offset}", pins, record.payload, record.content_type
-                )
-    return outcomes
-
-
-async def _decide(
-    conn: asyncpg.Connection,
+def _decide(
     row: asyncpg.Record,
     pins: StreamPins,
     usage: credit.Usage,
     request: AppendRequest,
-    in_batch: dict[str, tuple[str, AppendResult]],
+    receipts: dict[tuple[str, str, str], tuple[str, AppendResult]],
 ) -> AppendResult:
     require(pins.authorization, request.principal, "append")
     key = request.idempotency_key
     if key is not None:
-        earlier = in_batch.get(key)
-        if earlier is None:
-            receipt = await conn.fetchrow(
-                """SELECT request_digest, first_sequence, last_sequence FROM wfs_append_receipts
-                   WHERE run_id = $1 AND stream_id = $2 AND idempotency_key = $3""",
-                row["run_id"],
-                row["stream_id"],
-                key,
-            )
-            if receipt is not None:
-                earlier = (
-                    receipt["request_digest"],
-                    AppendResult(receipt["first_sequence"], receipt["last_sequence"], False),
-                )
+        earlier = receipts.get((request.run_id, request.stream_id, key))
         if earlier is not None:
             if earlier[0] != request.digest:
                 raise IdempotencyKeyReused("this Idempotency-Key was used for different records")
             return AppendResult(earlier[1].first_sequence, earlier[1].last_sequence, replayed=True)
     if row["closed_at"] is not None:
         raise StreamClosed("the stream is closed; appends are rejected")
-    _check_credit(pins.credit, usage, request.records)
+    _check_credit(pins.credit, usage, request)
     first = usage.last_sequence + 1
     return AppendResult(first, first + len(request.records) - 1, replayed=False)
 
 
-async def _write(
-    conn: asyncpg.Connection,
-    run_id: str,
-    stream_id: str,
-    direction: str,
-    bytes_before: int,
-    accepted: list[tuple[AppendRequest, int]],
-    usage: credit.Usage,
-) -> None:
-    records = [(first + i, record, request) for request, first in accepted for i, record in enumerate(request.records)]
-    cumulative, total = [], bytes_before
-    for _, record, _ in records:
-        total += record.size
-        cumulative.append(total)
-    sequences = [sequence for sequence, _, _ in records]
-    await conn.execute(
-        _INSERT_RECORDS,
-        run_id,
-        stream_id,
-        sequences,
-        [r.kind for _, r, _ in records],
-        [r.content_type for _, r, _ in records],
-        [r.payload for _, r, _ in records],
-        [r.size for _, r, _ in records],
-        cumulative,
-        [r.object for _, r, _ in records],
-        [q.principal.name for _, _, q in records],
-    )
-    await conn.execute(
-        "UPDATE wfs_streams SET last_sequence = $3, appended_bytes = $4 WHERE run_id = $1 AND stream_id = $2",
-        run_id,
-        stream_id,
-        usage.last_sequence,
-        usage.appended_bytes,
-    )
-    keyed = [(q, first) for q, first in accepted if q.idempotency_key is not None]
-    if keyed:
-        await conn.execute(
-            _INSERT_RECEIPTS,
-            run_id,
-            stream_id,
-            [q.idempotency_key for q, _ in keyed],
-            [q.digest for q, _ in keyed],
-            [first for _, first in keyed],
-            [first + len(q.records) - 1 for q, first in keyed],
-            [q.principal.name for q, _ in keyed],
-        )
-    if direction == "input":
-        await conn.execute(
-            _INSERT_DELIVERIES, run_id, stream_id, sequences, [event_id(run_id, stream_id, s) for s in sequences]
-        )
-    # delivered by Postgres only after COMMIT: a wake never precedes the durable records
-    await conn.execute(
-        "SELECT pg_notify($1, $2)", wakes.RECORDS, wakes.payload(run_id, stream_id, sequences[0], sequences[-1])
-    )
+def _push(columns: list[list[Any]], values: tuple[Any, ...]) -> None:
+    for column, value in zip(columns, values, strict=True):
+        column.append(value)
 
 
-def _one(outcome: AppendResult | StreamError) -> AppendResult:
-    if isinstance(outcome, StreamError):
-        raise outcome
-    return outcome
+class _Columns:
+    """The arrays of the one write statement, filled request by request."""
+
+    def __init__(self) -> None:
+        self.records: list[list[Any]] = [[] for _ in range(10)]
+        self.receipts: list[list[Any]] = [[] for _ in range(7)]
+        self.deliveries: list[list[Any]] = [[] for _ in range(4)]
+
+    def add(self, request: AppendRequest, first: int, bytes_before: int, is_input: bool) -> None:
+        run_id, stream_id, by = request.run_id, request.stream_id, request.principal.name
+        total = bytes_before
+        for offset, r in enumerate(request.records):
+            total += r.size
+            sequence = first + offset
+            _push(
+                self.records,
+                (run_id, stream_id, sequence, r.kind, r.content_type, r.payload, r.size, total, r.object, by),
+            )
+            if is_input:
+                _push(self.deliveries, (run_id, stream_id, sequence, event_id(run_id, stream_id, sequence)))
+        if request.idempotency_key is not None:
+            last = first + len(request.records) - 1
+            _push(self.receipts, (run_id, stream_id, request.idempotency_key, request.digest, first, last, by))
+
+
+async def append_batch(conn: asyncpg.Connection, requests: Sequence[AppendRequest]) -> Batch:
+    """Decide and write ``requests`` (any streams) in the caller's transaction. Each request gets its
+    result or the error that refused it; refusals write nothing and never fail the others."""
+    rows = await lock_streams(conn, [q.key for q in requests])
+    usages = await _usages(conn, rows) if rows else {}
+    receipts = await _receipts(conn, requests)
+    batch = Batch(outcomes=[])
+    columns = _Columns()
+    for request in requests:
+        row = rows.get(request.key)
+        if row is None:
+            batch.outcomes.append(StreamNotFound("no such stream"))
+            continue
+        pins = pins_of(row)
+        usage = usages[request.key]
+        try:
+            result = _decide(row, pins, usage, request, receipts)
+        except StreamError as exc:
+            batch.outcomes.append(exc)
+            continue
+        batch.outcomes.append(result)
+        if result.replayed:
+            continue
+        is_input = pins.direction == "input"
+        columns.add(request, result.first_sequence, usage.appended_bytes, is_input)
+        usages[request.key] = credit.Usage(
+            result.last_sequence, usage.appended_bytes + request.size, usage.base_sequence, usage.base_bytes
+        )
+        if request.idempotency_key is not None:  # a retry within this batch replays this result
+            receipts[(request.run_id, request.stream_id, request.idempotency_key)] = (request.digest, result)
+        earlier = batch.written.get(request.key)
+        batch.written[request.key] = (earlier[0] if earlier else result.first_sequence, result.last_sequence, is_input)
+        for offset, record in enumerate(request.records):
+            batch.records_by_kind[record.kind] = batch.records_by_kind.get(record.kind, 0) + 1
+            batch.appended.append((request.run_id, request.stream_id, result.first_sequence + offset, pins, record))
+    if batch.written:
+        counters = [(key, usages[key]) for key in batch.written]
+        await conn.execute(
+            _WRITE,
+            *columns.records,
+            [k[0] for k, _ in counters],
+            [k[1] for k, _ in counters],
+            [u.last_sequence for _, u in counters],
+            [u.appended_bytes for _, u in counters],
+            *columns.receipts,
+            *columns.deliveries,
+        )
+    return batch
 
 
 async def append_locked(
-    conn: asyncpg.Connection, row: asyncpg.Record, records: list[RecordIn], principal: Principal
-) -> AppendResult:
-    """Append under the stream row lock ``row``, already taken in this transaction (object commits)."""
-    (outcome,) = await _append_requests(conn, row, [AppendRequest(records, principal)])
-    return _one(outcome)
-
-
-async def append_once(
-    conn: asyncpg.Connection,
-    run_id: str,
-    stream_id: str,
-    records: list[RecordIn],
-    principal: Principal,
-    idempotency_key: str | None = None,
-) -> AppendResult:
-    """One attempt, in one transaction of its own: all records are appended, or none."""
-    async with conn.transaction():
-        row = await lock_stream(conn, run_id, stream_id)
-        (outcome,) = await _append_requests(conn, row, [AppendRequest(records, principal, idempotency_key)])
-    return _one(outcome)
-
-
-class AppendCoalescer:
-    """Group commit per stream within this process: while one transaction for a stream is in flight,
-    appends to that stream queue up, and the next transaction takes them all. Each caller still gets
-    exactly its own result or error; ordering follows arrival."""
-
-    def __init__(self, pool: asyncpg.Pool) -> None:
-        self._pool = pool
-        self._queues: dict[tuple[str, str], list[tuple[AppendRequest, asyncio.Future[AppendResult]]]] = {}
-        self._tasks: set[asyncio.Task[None]] = set()
-
-    async def append(self, run_id: str, stream_id: str, request: AppendRequest) -> AppendResult:
-        future: asyncio.Future[AppendResult] = asyncio.get_running_loop().create_future()
-        key = (run_id, stream_id)
-        queue = self._queues.get(key)
-        if queue is None:
-            self._queues[key] = [(request, future)]
-            # a task of its own: a caller that goes away must not take the others' commit with it
-            task = asyncio.create_task(self._drain(key), name=f"wfs-append-{run_id}/{stream_id}")
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
-        else:
-            queue.append((request, future))
-        return await asyncio.shield(future)
-
-    async def _drain(self, key: tuple[str, str]) -> None:
-        queue = self._queues[key]
-        try:
-            while queue:
-                batch = queue[:_MAX_GROUP]
-                del queue[:_MAX_GROUP]
-                await self._commit(key, batch)
-        finally:
-            del self._queues[key]
-
-    async def _commit(
-        self, key: tuple[str, str], batch: list[tuple[AppendRequest, asyncio.Future[AppendResult]]]
-    ) -> None:
-        try:
-            async with self._pool.acquire() as conn, conn.transaction():
-                row = await lock_stream(conn, *key)
-                outcomes = await _append_requests(conn, row, [request for request, _ in batch])
-        except Exception as exc:  # the whole transaction failed: every caller learns why
-            for _, future in batch:
-                if not future.done():
-                    future.set_exception(exc)
-            return
-        for (_, future), outcome in zip(batch, outcomes, strict=True):
-            if future.done():
-                continue
-            if isinstance(outcome, StreamError):
-                future.set_exception(outcome)
-            else:
-                future.set_result(outcome)
-
-
-async def with_credit_wait(hub: wakes.WakeHub, run_id: str, stream_id: str, attempt: Callable[[], Awaitable[T]]) -> T:
-    """Run ``attempt``; under the ``block`` policy, on backpressure wait for an ack (bounded by the
-    pinned timeout) and try again."""
-    loop = asyncio.get_running_loop()
-    started = loop.time()
-    while True:
-        # watch before trying, so an ack that lands between the attempt and the wait still wakes us
-        with hub.watch(wakes.ACKS, run_id, stream_id) as acked:
-            try:
-                return await attempt()
-            except Backpressure as exc:
-                remaining = started + exc.block_seconds - loop.time()
-                if remaining <= 0:
-                    raise
-                metrics.CREDIT_WAITS.inc()
-                await acked.wait(min(remaining, _ACK_POLL_SECONDS))
-
-
-async def append_records(
-    coalescer: AppendCoalescer,
-    hub: wakes.WakeHub,
-    run_id: str,
-    stream_id: str,
-    records: list[RecordIn],
-    principal: Principal,
-    idempotency_key: str | None = None,
-) -> AppendResult:
-    request = AppendRequest(records, principal, idempotency_key)
-    return await with_credit_wait(hub, run_id, stream_id, lambda: coalescer.append(run_id, stream_id, request))
+    conn: asyncpg.Connection, run_id: str, stream_id: str, records: list[RecordIn], principal: Principal
+) -> tuple[AppendResult, Batch]:
+    """One append in the caller's transaction, whose stream row it may already hold (object commits).
+    The caller publishes ``batch.signals()`` after COMMIT."""
+    batch = await append_batch(conn, [AppendRequest(run_id, stream_id, records, principal)])
+    (outcome,) = batch.outcomes
+    if isinstance(outcome, StreamError):
+        raise outcome
+    return outcome, batch

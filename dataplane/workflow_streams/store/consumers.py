@@ -8,7 +8,6 @@ import asyncpg
 
 from ..domain.authz import Principal, require
 from ..domain.errors import AckRegression, ConsumerScopeMismatch, FutureAck, StreamNotFound
-from . import wakes
 from .definitions import pins_of
 
 
@@ -60,6 +59,5 @@ async def ack(
                 sequence,
                 principal.name,
             )
-        # also wakes blocked appenders when a new consumer registers
-        await conn.execute("SELECT pg_notify($1, $2)", wakes.ACKS, wakes.payload(run_id, stream_id, sequence, sequence))
+        # the caller wakes blocked appenders after COMMIT (also when a new consumer registers)
         return {"consumer_id": consumer_id, "acked_sequence": sequence}

@@ -11,7 +11,8 @@ import asyncpg
 from ..domain.authz import Principal, require
 from ..domain.errors import PinsConflict, StreamHeld, StreamNotFound
 from ..domain.pins import StreamPins
-from . import wakes
+from ..domain.wakes import RECORDS, Signal
+from . import notify
 
 
 @dataclass(frozen=True)
@@ -168,10 +169,7 @@ async def close_stream(conn: asyncpg.Connection, run_id: str, stream_id: str, pr
                 stream_id,
                 principal.name,
             )
-            # subscribers drain and then see the close
-            await conn.execute(
-                "SELECT pg_notify($1, $2)", wakes.RECORDS, wakes.payload(run_id, stream_id, 0, row["last_sequence"])
-            )
+            # the caller wakes subscribers after COMMIT: they drain and then see the close
         return await _state(conn, row)
 
 
@@ -240,8 +238,9 @@ async def delete_stream(conn: asyncpg.Connection, run_id: str, stream_id: str) -
             stream_id,
         )
         await conn.execute("DELETE FROM wfs_streams WHERE run_id = $1 AND stream_id = $2", run_id, stream_id)
-        # open subscriptions see the stream end
-        await conn.execute("SELECT pg_notify($1, $2)", wakes.RECORDS, wakes.payload(run_id, stream_id))
+        # open subscriptions see the stream end (delivered by Postgres after COMMIT; deletes are rare,
+        # so paying the notify lock here is fine)
+        await notify.send(conn, [Signal(RECORDS, run_id, stream_id)], sender="delete")
         return [(r["region"], r["bucket"], r["object_key"]) for r in queued]
 
 

@@ -20,6 +20,7 @@ from ..domain.errors import (
 )
 from ..domain.objects import ObjectPins, can_move, choose_region, object_json, object_key
 from ..domain.records import RecordIn
+from ..domain.wakes import Signal
 from .appends import AppendResult, append_locked
 from .definitions import lock_stream, pins_of
 
@@ -152,9 +153,9 @@ async def commit(
     principal: Principal,
     evidence_size: int | None,
     evidence_checksum: str | None,
-) -> AppendResult:
+) -> tuple[AppendResult, list[Signal]]:
     """Append the object record if S3's evidence agrees with the intent. A duplicate commit returns the
-    original sequence."""
+    original sequence. The caller publishes the wake signals after COMMIT."""
     async with conn.transaction():
         stream = await lock_stream(conn, run_id, stream_id)
         require(pins_of(stream).authorization, principal, "append")
@@ -167,7 +168,7 @@ async def commit(
         if intent is None:
             raise NotFound("no such object intent")
         if intent["state"] == "committed":
-            return AppendResult(intent["committed_sequence"], intent["committed_sequence"], replayed=True)
+            return AppendResult(intent["committed_sequence"], intent["committed_sequence"], replayed=True), []
         if not can_move(intent["state"], "committed"):
             raise IntentState(f"the intent is {intent['state']}; upload before commit", state=intent["state"])
         if intent["expires_at"] <= await conn.fetchval("SELECT now()"):
@@ -187,14 +188,16 @@ async def commit(
             intent["content_type"],
             str(intent["intent_id"]),
         )
-        result = await append_locked(conn, stream, [RecordIn(intent["content_type"], None, meta)], principal)
+        result, batch = await append_locked(
+            conn, run_id, stream_id, [RecordIn(intent["content_type"], None, meta)], principal
+        )
         await conn.execute(
             """UPDATE wfs_object_intents SET state = 'committed', committed_sequence = $2, updated_at = now()
                WHERE intent_id = $1""",
             intent["intent_id"],
             result.first_sequence,
         )
-        return result
+        return result, batch.signals()
 
 
 async def abort(conn: asyncpg.Connection, run_id: str, stream_id: str, intent_id: str, principal: Principal) -> str:

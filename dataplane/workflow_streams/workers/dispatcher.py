@@ -20,9 +20,10 @@ import asyncpg
 
 from .. import metrics
 from ..domain.delivery import Outcome, backoff_seconds, classify, event_body
-from ..store import claims, deliveries, wakes
+from ..runtime import wakes
+from ..store import claims, deliveries
 from ..store.db import DB_UNAVAILABLE
-from ..store.reads import record_json
+from ..wire import record_json
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +59,7 @@ class Dispatcher:
     async def run(self) -> None:
         timeout = aiohttp.ClientTimeout(total=self.settings.request_timeout_seconds)
         async with aiohttp.ClientSession(timeout=timeout) as http:
-            with self.hub.watch_channel(wakes.RECORDS) as wake:
+            with self.hub.watch_kind(wakes.INPUTS) as wake:
                 while True:
                     wake.clear()
                     try:

@@ -1,0 +1,86 @@
+"""Wake signals: what one process tells the others after a commit, and how it is put on the wire.
+
+A signal is only a hint that a stream may have news; whoever is woken re-reads Postgres. Many signals
+travel in one NOTIFY payload (one line each) so that a busy process pays Postgres' cluster-wide notify
+lock once per batch of commits, not once per commit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+# One channel carries every kind; the kind is the first character of a line.
+CHANNEL = "wfs_wakes"
+
+RECORDS = "R"  # records were appended (or the stream closed or went away)
+ACKS = "A"  # a consumer acknowledged: blocked producers may have credit
+INPUTS = "I"  # records were appended to an input stream: the dispatcher has work
+KINDS = frozenset((RECORDS, ACKS, INPUTS))
+
+# Postgres refuses payloads of 8000 bytes or more
+MAX_PAYLOAD_BYTES = 7900
+_VERSION = "wfs1"
+
+
+@dataclass(frozen=True)
+class Signal:
+    kind: str
+    run_id: str
+    stream_id: str
+    # the sequences the commit announced (0: unknown or not about records: re-read everything)
+    first: int = 0
+    last: int = 0
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        return (self.kind, self.run_id, self.stream_id)
+
+    def merge(self, other: Signal) -> Signal:
+        """Two signals for one stream become one covering both (0 stays 'unknown')."""
+        first = 0 if 0 in (self.first, other.first) else min(self.first, other.first)
+        return Signal(self.kind, self.run_id, self.stream_id, first, max(self.last, other.last))
+
+
+def encode(signals: Iterable[Signal], sender: str) -> list[str]:
+    """Payloads of at most MAX_PAYLOAD_BYTES, each starting with a header naming the sender.
+    Identifiers never contain spaces, '/' or newlines (domain.ids), so lines split unambiguously."""
+    header = f"{_VERSION} {sender}"
+    payloads: list[str] = []
+    lines = [header]
+    size = len(header)
+    for s in signals:
+        line = f"{s.kind} {s.run_id}/{s.stream_id}/{s.first}/{s.last}"
+        if size + 1 + len(line) > MAX_PAYLOAD_BYTES and len(lines) > 1:
+            payloads.append("\n".join(lines))
+            lines, size = [header], len(header)
+        lines.append(line)
+        size += 1 + len(line)
+    if len(lines) > 1:
+        payloads.append("\n".join(lines))
+    return payloads
+
+
+class MalformedPayload(ValueError):
+    pass
+
+
+def decode(payload: str) -> tuple[str, list[Signal]]:
+    """The sender and the signals of one payload; MalformedPayload if it is not ours."""
+    header, _, body = payload.partition("\n")
+    version, _, sender = header.partition(" ")
+    if version != _VERSION or not sender:
+        raise MalformedPayload(f"not a wake payload: {payload[:60]!r}")
+    return sender, list(_signals(body))
+
+
+def _signals(body: str) -> Iterator[Signal]:
+    for line in body.split("\n"):
+        kind, _, rest = line.partition(" ")
+        parts = rest.split("/")
+        if kind not in KINDS or len(parts) != 4:
+            raise MalformedPayload(f"malformed wake line {line[:60]!r}")
+        try:
+            yield Signal(kind, parts[0], parts[1], int(parts[2]), int(parts[3]))
+        except ValueError:
+            raise MalformedPayload(f"malformed wake line {line[:60]!r}") from None

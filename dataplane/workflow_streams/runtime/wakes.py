@@ -1,0 +1,237 @@
+"""Waking what waits in this process: subscribers, blocked producers, the dispatcher.
+
+Signals come from three places, and all of them only say "re-read Postgres":
+
+- this process, right after one of its commits returns (``WakeHub.publish``): local watchers wake at
+  once, and the wake source passes the signals on to other processes;
+- other processes, through the wake source (LISTEN/NOTIFY, or nothing in poll-only mode);
+- the head poller, which every ``poll_seconds`` asks Postgres for the heads of the streams watched here
+  and wakes any watcher behind its stream's head. A process can die between its commit and its NOTIFY,
+  and poll-only mode (PgBouncer in transaction pooling, where LISTEN does not work) has no NOTIFY at
+  all: a lost signal costs latency, never a record.
+
+Every signal delivered here ticks a clock, and each watched stream remembers the tick of its latest
+signal (its *generation*). A read that starts at clock ``c`` sees every commit announced by signals up
+to ``c``, which is how shared reads avoid handing a woken subscriber a read older than its wake
+(``runtime.reads``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import uuid
+from collections.abc import Callable, Iterable, Iterator
+from typing import Protocol
+
+import asyncpg
+
+from ..domain.wakes import ACKS, INPUTS, RECORDS, Signal
+from ..store import heads
+from ..store.db import DB_UNAVAILABLE
+
+log = logging.getLogger(__name__)
+
+__all__ = ["ACKS", "INPUTS", "RECORDS", "Signal", "Wake", "WakeHub", "WakeSource"]
+
+# identifiers are never empty, so this cannot collide with a real stream
+_ANY = ""
+
+
+class Wake:
+    """A level-triggered flag for one watcher: many signals coalesce into one wake-up."""
+
+    __slots__ = ("_event", "cursor", "first_announced")
+
+    def __init__(self) -> None:
+        self._event = asyncio.Event()
+        # lowest first sequence announced since the last clear (0 = unknown: re-read everything)
+        self.first_announced: int | None = None
+        # the last sequence this watcher has seen; the head poller wakes it when its stream is ahead
+        self.cursor: int | None = None
+
+    def signal(self, first: int) -> None:
+        """``first``: the lowest sequence the signal announces (0: unknown, re-read all)."""
+        if self.first_announced is None or first < self.first_announced:
+            self.first_announced = first
+        self._event.set()
+
+    def clear(self) -> None:
+        self._event.clear()
+        self.first_announced = None
+
+    def is_set(self) -> bool:
+        return self._event.is_set()
+
+    async def wait(self, seconds: float) -> bool:
+        """True if woken, False if ``seconds`` passed first."""
+        if self._event.is_set():
+            return True
+        try:
+            async with asyncio.timeout(seconds):
+                await self._event.wait()
+        except TimeoutError:
+            return False
+        return True
+
+
+class _Topic:
+    """The watchers of one (kind, stream) and the clock tick of its latest signal."""
+
+    __slots__ = ("generation", "watchers")
+
+    def __init__(self) -> None:
+        self.watchers: set[Wake] = set()
+        self.generation = 0
+
+
+Deliver = Callable[[Iterable[Signal]], None]
+
+
+class WakeSource(Protocol):
+    """How signals travel between processes."""
+
+    # set while signals from other processes can arrive (readiness)
+    connected: asyncio.Event
+
+    async def start(self, deliver: Deliver, lost: Callable[[], None]) -> None:
+        """``deliver`` takes signals from other processes; ``lost`` is called when some may have been
+        lost (a reconnect), so that every watcher re-reads."""
+
+    async def stop(self) -> None: ...
+
+    def send(self, signals: Iterable[Signal]) -> None:
+        """Pass signals of commits that already returned on to other processes (never blocks)."""
+
+
+class WakeHub:
+    def __init__(self, source: WakeSource, pool: asyncpg.Pool | None, poll_seconds: float) -> None:
+        self.source = source
+        self._pool = pool
+        self._poll_seconds = poll_seconds
+        self._topics: dict[tuple[str, str, str], _Topic] = {}
+        # ticks once per signal delivered; only ever grows
+        self.clock = 0
+        self._poller: asyncio.Task[None] | None = None
+
+    @property
+    def connected(self) -> asyncio.Event:
+        return self.source.connected
+
+    async def start(self) -> None:
+        await self.source.start(self._deliver, self.wake_everyone)
+        if self._pool is not None and self._poll_seconds > 0:
+            self._poller = asyncio.create_task(self._poll_heads(), name="wfs-head-poller")
+
+    async def stop(self) -> None:
+        if self._poller is not None:
+            self._poller.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._poller
+        await self.source.stop()
+
+    @contextlib.contextmanager
+    def watch(self, kind: str, run_id: str, stream_id: str) -> Iterator[Wake]:
+        """Register before reading Postgres, so nothing committed after the read goes unnoticed."""
+        key = (kind, run_id, stream_id)
+        topic = self._topics.get(key)
+        if topic is None:
+            topic = self._topics[key] = _Topic()
+        wake = Wake()
+        topic.watchers.add(wake)
+        try:
+            yield wake
+        finally:
+            topic.watchers.discard(wake)
+            if not topic.watchers and self._topics.get(key) is topic:
+                del self._topics[key]
+
+    @contextlib.contextmanager
+    def watch_kind(self, kind: str) -> Iterator[Wake]:
+        """Woken by every signal of ``kind``, whatever the stream (for workers)."""
+        with self.watch(kind, _ANY, _ANY) as wake:
+            yield wake
+
+    def generation(self, run_id: str, stream_id: str) -> int:
+        """The clock tick of the latest record signal for a watched stream (a read started at or after
+        it covers that signal's commit)."""
+        topic = self._topics.get((RECORDS, run_id, stream_id))
+        return topic.generation if topic is not None else 0
+
+    def publish(self, signals: Iterable[Signal]) -> None:
+        """After a commit returned: wake this process's watchers now, and tell the other processes."""
+        signals = list(signals)
+        self._deliver(signals)
+        self.source.send(signals)
+
+    def _deliver(self, signals: Iterable[Signal]) -> None:
+        for signal in signals:
+            # ticks for unwatched streams too: a read that started before this signal is older than
+            # anyone who starts watching after it (see runtime.reads)
+            self.clock += 1
+            for key in (signal.key, (signal.kind, _ANY, _ANY)):
+                topic = self._topics.get(key)
+                if topic is not None:
+                    topic.generation = self.clock
+                    for wake in topic.watchers:
+                        wake.signal(signal.first)
+
+    def wake_everyone(self) -> None:
+        """After signals may have been lost (a reconnect): everyone re-reads."""
+        self._deliver([Signal(kind, run_id, stream_id) for kind, run_id, stream_id in self._topics if run_id != _ANY])
+        for kind in {kind for kind, _, _ in self._topics}:
+            self._deliver([Signal(kind, _ANY, _ANY)])
+
+    async def _poll_heads(self) -> None:
+        """Wake watchers whose stream moved past them without a signal reaching this process."""
+        assert self._pool is not None
+        while True:
+            await asyncio.sleep(self._poll_seconds)
+            keys = [(run, stream) for (kind, run, stream) in self._topics if kind == RECORDS and run != _ANY]
+            if not keys:
+                continue
+            try:
+                async with self._pool.acquire() as conn:
+                    found = await heads.fetch(conn, keys)
+            except DB_UNAVAILABLE as exc:
+                log.warning("head poll failed: %s", exc)
+                continue
+            for run_id, stream_id in keys:
+                topic = self._topics.get((RECORDS, run_id, stream_id))
+                if topic is None:
+                    continue
+                head = found.get((run_id, stream_id))
+                # gone (deleted) or closed streams: watchers re-read and see why
+                behind = [
+                    w
+                    for w in topic.watchers
+                    if head is None or head.closed or w.cursor is None or w.cursor < head.last_sequence
+                ]
+                if behind:
+                    self.clock += 1
+                    topic.generation = self.clock
+                    for wake in behind:
+                        wake.signal(0 if wake.cursor is None else wake.cursor + 1)
+
+
+class PollOnly:
+    """No signals between processes: other processes' commits are found by the head poller alone."""
+
+    def __init__(self) -> None:
+        self.connected = asyncio.Event()
+
+    async def start(self, deliver: Deliver, lost: Callable[[], None]) -> None:
+        self.connected.set()
+
+    async def stop(self) -> None:
+        self.connected.clear()
+
+    def send(self, signals: Iterable[Signal]) -> None:
+        pass
+
+
+def process_id() -> str:
+    """Names this process in wake payloads, so it can skip its own notifications."""
+    return f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
