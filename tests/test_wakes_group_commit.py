@@ -1,0 +1,84 @@
+"""Wakes after commit and group commit across streams (issue 13)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import asyncpg
+
+from tests.support import SseReader, StreamsApi
+from tests.test_sse import subscribe
+from workflow_streams.api.app import create_app
+from workflow_streams.domain.authz import Principal
+from workflow_streams.domain.errors import Forbidden, IdempotencyKeyReused, StreamClosed, StreamNotFound
+from workflow_streams.domain.records import RecordIn
+from workflow_streams.store.appends import AppendRequest, AppendResult, append_batch
+from workflow_streams.store.db import create_pool
+
+
+def _record(text: str) -> RecordIn:
+    return RecordIn("application/json", f'"{text}"'.encode(), None)
+
+
+async def test_cross_stream_batch_decides_each_request_alone(api: StreamsApi, database_url: str) -> None:
+    for stream in ("a", "b", "closed", "keyed"):
+        assert (await api.create("r", stream)).status == 201
+    assert (await api.close("r", "closed")).status == 200
+    assert (await api.append("r", "keyed", 1, key="k1")).status == 201
+    alice, eve = Principal("alice"), Principal("eve")
+    requests = [
+        AppendRequest("r", "b", [_record("b1")], alice),
+        AppendRequest("r", "closed", [_record("x")], alice),
+        AppendRequest("r", "a", [_record("a1"), _record("a2")], alice),
+        AppendRequest("r", "a", [_record("evil")], eve),
+        AppendRequest("r", "keyed", [_record("other")], alice, idempotency_key="k1"),
+        AppendRequest("r", "missing", [_record("x")], alice),
+        AppendRequest("r", "b", [_record("b2")], alice),
+    ]
+    pool = await create_pool(database_url, 1, 2)
+    try:
+        async with pool.acquire() as conn, conn.transaction():
+            batch = await append_batch(conn, requests)
+    finally:
+        await pool.close()
+    outcomes = batch.outcomes
+    assert outcomes[0] == AppendResult(1, 1, False)
+    assert isinstance(outcomes[1], StreamClosed)
+    assert outcomes[2] == AppendResult(1, 2, False)
+    assert isinstance(outcomes[3], Forbidden)
+    assert isinstance(outcomes[4], IdempotencyKeyReused)
+    assert isinstance(outcomes[5], StreamNotFound)
+    assert outcomes[6] == AppendResult(2, 2, False)
+    assert [r["data"] for r in await api.read_all("r", "a")] == ["a1", "a2"]
+    assert [r["data"] for r in await api.read_all("r", "b")] == ["b1", "b2"]
+    assert [r["data"] for r in await api.read_all("r", "keyed")] == [1]
+    assert await api.read_all("r", "closed") == []
+
+
+async def test_poll_only_mode_delivers_another_processes_commits(
+    aiohttp_client: Any, database_url: str, settings_for: Any, db: asyncpg.Connection
+) -> None:
+    """With LISTEN disabled, a subscriber still gets records committed elsewhere (head polling)."""
+    settings = settings_for(database_url, wake_source="poll", wake_poll_seconds=0.1)
+    api = StreamsApi(await aiohttp_client(create_app(settings)))
+    await api.create("r", "s")
+    events = SseReader(await subscribe(api, "r", "s"))
+    # a commit this process never hears of: another replica's
+    other = StreamsApi(await aiohttp_client(create_app(settings)))
+    assert (await other.append("r", "s", 1, 2)).status == 201
+    assert await events.records(2) == [1, 2]
+    assert await db.fetchval("SELECT count(*) FROM pg_stat_activity WHERE query ILIKE 'LISTEN%'") == 0
+
+
+async def test_woken_subscriber_gets_the_record_without_another_append(
+    aiohttp_client: Any, database_url: str, settings_for: Any
+) -> None:
+    """Many subscribers woken by one commit each get it, with no later append to rescue a stale read."""
+    settings = settings_for(database_url, wake_poll_seconds=3600)  # no polling: the wake alone must do it
+    api = StreamsApi(await aiohttp_client(create_app(settings)))
+    await api.create("r", "s")
+    readers = [SseReader(await subscribe(api, "r", "s")) for _ in range(20)]
+    for sequence in range(1, 6):
+        assert (await api.append("r", "s", sequence)).status == 201
+        for reader in readers:
+            assert await reader.records(1) == [sequence]
