@@ -70,7 +70,12 @@ class SharedReads:
         key = (run_id, stream_id, after, limit)
         flight = self._inflight.get(key)
         if flight is not None and flight.generation >= woken_at:
-            return await asyncio.shield(flight.future)
+            try:
+                return await asyncio.shield(flight.future)
+            except asyncio.CancelledError:
+                if not flight.future.cancelled():
+                    raise  # we were cancelled ourselves
+                # the reader we joined was cancelled: read for ourselves
         future: asyncio.Future[SharedPage] = asyncio.get_running_loop().create_future()
         flight = _Flight(self._hub.clock, future)
         self._inflight[key] = flight  # newer than any flight it replaces: later joiners take this one
@@ -79,6 +84,9 @@ class SharedReads:
                 shared = SharedPage(await fetch_page(conn, run_id, stream_id, after, limit))
             future.set_result(shared)
             return shared
+        except asyncio.CancelledError:
+            future.cancel()  # joiners see it and read for themselves; never left pending
+            raise
         except BaseException as exc:
             future.set_exception(exc)
             future.exception()  # retrieved here: others may or may not be waiting
