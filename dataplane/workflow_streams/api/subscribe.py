@@ -18,7 +18,6 @@ from collections.abc import Iterator
 
 import asyncpg
 from aiohttp import web
-from aiohttp.abc import AbstractStreamWriter
 
 from .. import metrics
 from ..domain.authz import Principal
@@ -54,19 +53,8 @@ def _resume_cursor(request: web.Request) -> int:
     return parse_cursor(request.query.get("after"))
 
 
-# a write that leaves at most this much in the socket's buffer cannot block (below the transport's
-# high-water mark), so it needs no timeout
-_UNBLOCKING_BYTES = 16 * 1024
-
-
 class _EventStream(web.StreamResponse):
-    """A streaming response that knows its socket, so most writes need no timer."""
-
-    _transport: asyncio.Transport | None = None
-
-    async def prepare(self, request: web.BaseRequest) -> AbstractStreamWriter | None:
-        self._transport = request.transport
-        return await super().prepare(request)
+    """A streaming response whose every write is bounded: a stalled reader is cut off, not buffered."""
 
     async def send(self, chunk: bytes) -> None:
         # A fast path without wait_for (writes that cannot block) made the slow-subscriber test hang
