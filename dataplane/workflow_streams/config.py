@@ -9,9 +9,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .api.kubeauth import IN_CLUSTER, KubeAuthSettings
 from .domain.authz import Principal
 from .objectstore import RegionConfig
+
+# Where a pod's projected service-account token and CA live. Here, not in api/kubeauth.py, because settings
+# sit below the shells that use them: config must not import api (tests/test_layers.py enforces it).
+IN_CLUSTER = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+
+
+@dataclass(frozen=True)
+class KubeAuthSettings:
+    """How the data plane asks the API server about service-account tokens (``api.kubeauth.TokenReviewer``)."""
+
+    api_url: str
+    ca_file: str
+    token_file: str  # the data plane's own token, re-read so a rotated projected token is picked up
+    audiences: tuple[str, ...]
+    cache_seconds: float = 30.0
+    negative_cache_seconds: float = 5.0
 
 
 def kube_auth_from_env(env: Mapping[str, str]) -> KubeAuthSettings | None:

@@ -12,26 +12,16 @@ import hashlib
 import logging
 import ssl
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
 
+# The settings live in config (below the shells); re-exported so callers keep one import for token review.
+from ..config import IN_CLUSTER as IN_CLUSTER
+from ..config import KubeAuthSettings as KubeAuthSettings
 from ..domain.authz import Principal
 
 log = logging.getLogger(__name__)
-
-IN_CLUSTER = Path("/var/run/secrets/kubernetes.io/serviceaccount")
-
-
-@dataclass(frozen=True)
-class KubeAuthSettings:
-    api_url: str
-    ca_file: str
-    token_file: str  # the data plane's own token, re-read so a rotated projected token is picked up
-    audiences: tuple[str, ...]
-    cache_seconds: float = 30.0
-    negative_cache_seconds: float = 5.0
 
 
 class TokenReviewer:
