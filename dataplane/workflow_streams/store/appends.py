@@ -144,7 +144,14 @@ WITH records AS (
          AS r(run_id, stream_id, sequence, kind, content_type, payload, size_bytes, cumulative_bytes, object,
               appended_by)
 ), counters AS (
-    UPDATE wfs_streams s SET last_sequence = c.last_sequence, appended_bytes = c.appended_bytes
+    UPDATE wfs_streams s SET last_sequence = c.last_sequence, appended_bytes = c.appended_bytes,
+        -- retention due-ness (migration 479): due now once past max_records, else by when the oldest
+        -- record ages out; least() keeps an earlier due time, so the value (an indexed column) only
+        -- changes when the stream becomes due and the update stays HOT otherwise
+        next_prune_at = least(s.next_prune_at,
+                              CASE WHEN c.last_sequence - s.earliest_sequence >= s.retention_max_records
+                                   THEN now() END,
+                              now() + make_interval(secs => s.retention_max_age_seconds))
     FROM unnest($11::text[], $12::text[], $13::bigint[], $14::bigint[])
          AS c(run_id, stream_id, last_sequence, appended_bytes)
     WHERE s.run_id = c.run_id AND s.stream_id = c.stream_id
