@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -72,6 +73,8 @@ def make_settings(database_url: str, **overrides: Any) -> Settings:
         "region": "eu-west-1",  # the region the test streams pin for client egress and logs
         "prune_interval_seconds": 0,
         "sse_heartbeat_seconds": 1.0,
+        # WFS_TEST_WAKE_SOURCE=poll runs a test file with LISTEN disabled (see test_wakes_group_commit)
+        "wake_source": os.environ.get("WFS_TEST_WAKE_SOURCE", "listen"),
     }
     return Settings(**{**base, **overrides})
 

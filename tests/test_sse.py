@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 from typing import Any
 
 import asyncpg
+import pytest
 from aiohttp import ClientPayloadError
 from aiohttp.test_utils import TestClient
 
@@ -109,6 +111,7 @@ async def test_close_event_after_drain(api: StreamsApi) -> None:
     assert event is not None and event.event == "close"
 
 
+@pytest.mark.skipif(os.environ.get("WFS_TEST_WAKE_SOURCE") == "poll", reason="gap evidence comes from NOTIFY payloads")
 async def test_skipped_wake_is_recorded_as_gap_evidence(api: StreamsApi, db: asyncpg.Connection) -> None:
     await api.create("r", "s")
     await api.append("r", "s", 1, 2)
