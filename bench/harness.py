@@ -15,8 +15,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-import aiohttp
-
+from workflow_streams.local.process import Process, workflow_streams
 from workflow_streams.localpg import LocalPostgres, find_bindir, free_port
 from workflow_streams.store.migrate import apply_migrations
 
@@ -131,13 +130,13 @@ class Server:
     def __init__(self, dsn: str, log: Path, workers: int | None = None, **env: str) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self._log = log.open("ab")
-        command = [sys.executable, "-m", "workflow_streams.cli", "serve"]
+        command = workflow_streams("serve")
         if workers is not None:
             command += ["--workers", str(workers)]
         raise_open_files_limit()  # the server inherits it: 10,000 subscribers are 10,000 sockets
-        self.proc = subprocess.Popen(
+        self.process = Process(
             command,
+            log=log,
             env={
                 **os.environ,
                 "WFS_DATABASE_URL": dsn,
@@ -150,38 +149,22 @@ class Server:
                 "WFS_SSE_HEARTBEAT_SECONDS": "30",
                 **env,
             },
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
+            name="server",
         )
+        self.proc = self.process.proc
 
     async def ready(self) -> None:
-        async with aiohttp.ClientSession() as session:
-            for _ in range(300):
-                try:
-                    async with session.get(f"{self.url}/readyz") as resp:
-                        if resp.status == 200:
-                            return
-                except aiohttp.ClientError:
-                    pass
-                if self.proc.poll() is not None:
-                    raise RuntimeError(f"server exited with status {self.proc.returncode}; see {self._log.name}")
-                await asyncio.sleep(0.05)
-        raise RuntimeError("server did not start")
+        await self.process.ready(f"{self.url}/readyz", seconds=30)
 
     def rss_bytes(self) -> int:
         """Resident memory of the server and its worker processes."""
-        return process_tree_rss(self.proc.pid)
+        return process_tree_rss(self.process.pid)
 
     def cpu_seconds(self) -> float:
-        return process_tree_cpu(self.proc.pid)
+        return process_tree_cpu(self.process.pid)
 
     def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(15)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-        self._log.close()
+        self.process.stop(grace=15)
 
 
 async def run_for(seconds: float, workers: int, work: Callable[[int], Awaitable[int]]) -> float:

@@ -7,7 +7,6 @@ nats-server built from its Go module (2.11, ``sync_interval: always``), cached b
 from __future__ import annotations
 
 import asyncio
-import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -17,6 +16,7 @@ import nats
 from nats.js.api import StorageType, StreamConfig
 
 from bench.harness import percentiles, run_for
+from workflow_streams.local.process import Process
 from workflow_streams.localpg import free_port
 
 
@@ -29,17 +29,14 @@ class NatsServer:
             f"listen: 127.0.0.1:{self.port}\n"
             f"jetstream {{\n  store_dir: {self.dir / 'js'}\n  sync_interval: always\n}}\n"
         )
-        self.proc = subprocess.Popen(
-            [str(binary), "-c", str(config)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-        )
+        self.process = Process([str(binary), "-c", str(config)], log=self.dir / "nats.log", name="nats-server")
 
     @property
     def url(self) -> str:
         return f"nats://127.0.0.1:{self.port}"
 
     def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(10)
+        self.process.stop(grace=10)
 
 
 async def measure(binary: Path, seconds: float, records: int) -> dict[str, Any]:

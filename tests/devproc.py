@@ -5,13 +5,9 @@ from __future__ import annotations
 import os
 import re
 import signal
-import subprocess
-import sys
-import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
+from workflow_streams.local.process import Process, workflow_streams
 from workflow_streams.localpg import free_port
 
 
@@ -21,16 +17,12 @@ class DevProcess:
         self.workdir = workdir
         self.data_dir = workdir / "dev-data"
         self.log_path = workdir / "dev.log"
-        self._log = self.log_path.open("wb")
-        command = [sys.executable, "-m", "workflow_streams.cli", "dev", "--port", str(self.port)]
-        command += ["--data-dir", str(self.data_dir), *args]
+        command = workflow_streams("dev", "--port", str(self.port), "--data-dir", str(self.data_dir), *args)
         if token is not None:
             command += ["--token", token]
         # no WFS_* of the caller's shell: dev's defaults, then exactly what the test says
         base = {k: v for k, v in os.environ.items() if not k.startswith("WFS_") or k in ("WFS_CACHE", "WFS_PG_BINDIR")}
-        self.proc = subprocess.Popen(
-            command, stdout=self._log, stderr=subprocess.STDOUT, env={**base, **env}, cwd=workdir
-        )
+        self.process = Process(command, log=self.log_path, env={**base, **env}, cwd=workdir, append=False, name="dev")
 
     @property
     def url(self) -> str:
@@ -41,27 +33,15 @@ class DevProcess:
         return f"{self.url}/api/workflow-streams"
 
     def output(self) -> str:
-        return self.log_path.read_text(errors="replace")
+        return self.process.output()
 
     def wait_ready(self, seconds: float = 180.0) -> None:
         """Until dev has printed that it is ready and /readyz answers."""
-        deadline = time.monotonic() + seconds
-        while "workflow-streams dev: ready" not in self.output():
-            assert self.proc.poll() is None, f"dev exited:\n{self.output()}"
-            assert time.monotonic() < deadline, f"dev never became ready:\n{self.output()}"
-            time.sleep(0.1)
-        with urllib.request.urlopen(f"{self.url}/readyz", timeout=5) as resp:
-            assert resp.status == 200
+        self.process.wait_for_output("workflow-streams dev: ready", seconds=seconds)
+        self.process.wait_ready(f"{self.url}/readyz", seconds=5)
 
     def wait_for_output(self, pattern: str, seconds: float = 60.0) -> re.Match[str]:
-        deadline = time.monotonic() + seconds
-        while True:
-            found = re.search(pattern, self.output())
-            if found:
-                return found
-            assert self.proc.poll() is None, f"dev exited:\n{self.output()}"
-            assert time.monotonic() < deadline, f"{pattern!r} never appeared:\n{self.output()[-4000:]}"
-            time.sleep(0.1)
+        return self.process.wait_for_output(pattern, seconds=seconds)
 
     def token(self) -> str:
         found = re.search(r"dev token \(principal 'dev'\): (\S+)", self.output())
@@ -69,25 +49,5 @@ class DevProcess:
         return found[1]
 
     def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self._log.close()
-        return self.proc.returncode
-
-
-def wait_http_ok(url: str, seconds: float = 30.0) -> None:
-    deadline = time.monotonic() + seconds
-    while True:
-        try:
-            with urllib.request.urlopen(url, timeout=2) as resp:
-                if resp.status == 200:
-                    return
-        except (urllib.error.URLError, ConnectionError):
-            pass
-        assert time.monotonic() < deadline, f"{url} never answered 200"
-        time.sleep(0.1)
+        """Ctrl-C, as a user ends dev; its exit status."""
+        return self.process.stop(signal.SIGINT, grace=60)

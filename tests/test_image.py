@@ -23,6 +23,7 @@ import pytest
 
 from tests.support import pins
 from workflow_streams import API_PREFIX
+from workflow_streams.local.process import http_ok, wait_until
 from workflow_streams.localpg import LocalPostgres, free_port
 
 pytestmark = pytest.mark.slow
@@ -113,17 +114,15 @@ class Served:
         return state.stdout.strip() == "true"
 
     async def ready(self, session: aiohttp.ClientSession, seconds: float = 60.0) -> None:
-        deadline = asyncio.get_running_loop().time() + seconds
-        while True:
-            try:
-                async with session.get(f"{self.base}/readyz") as resp:
-                    if resp.status == 200:
-                        return
-            except aiohttp.ClientError:
-                pass
-            assert await asyncio.to_thread(self.running), f"the container exited:\n{self.logs()}"
-            assert asyncio.get_running_loop().time() < deadline, f"never ready:\n{self.logs()}"
-            await asyncio.sleep(0.2)
+        """Until /readyz answers; fails at once if the container exits (the launcher's readiness wait)."""
+        await asyncio.to_thread(
+            wait_until,
+            lambda: http_ok(f"{self.base}/readyz"),
+            seconds=seconds,
+            alive=self.running,
+            describe=self.logs,
+            what="the container",
+        )
 
 
 @pytest.fixture

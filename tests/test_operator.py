@@ -20,6 +20,7 @@ import yaml
 from tests.controlplane import ControlPlane
 from tests.support import ObjectsApi, StreamsApi
 from workflow_streams.api.app import create_app
+from workflow_streams.local.process import Process, workflow_streams
 from workflow_streams.objectstore import RegionConfig
 from workflow_streams.store.retention import prune_stream
 from workflow_streams_operator.bucketpolicy import statement_id
@@ -45,33 +46,21 @@ class Operator:
             "WFS_OPERATOR_METRICS_PORT": "0",
         }
         self.log_path = log
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.process: Process | None = None
 
     def start(self) -> None:
-        self._log = self.log_path.open("ab")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "workflow_streams.cli", "operator"],
-            env=self.env,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-        )
+        self.process = Process(workflow_streams("operator"), log=self.log_path, env=self.env, name="operator")
 
     def kill(self) -> None:
-        assert self.proc is not None
-        self.proc.kill()
-        self.proc.wait()
-        self._log.close()
-        self.proc = None
+        """A crash: SIGKILL, no chance to finish what it was doing."""
+        assert self.process is not None
+        self.process.kill()
+        self.process.stop()  # closes its log
+        self.process = None
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-            self._log.close()
+        if self.process is not None:
+            self.process.stop(grace=15)
 
 
 @pytest.fixture

@@ -25,7 +25,7 @@ import sys
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
@@ -36,6 +36,7 @@ from .config import Settings
 from .domain.authz import Principal
 from .local import cache_dir
 from .local.minio import MinioServer, minio_binary
+from .local.process import Process, workflow_streams
 from .localpg import LocalPostgres, find_bindir
 from .store.migrate import apply_migrations
 
@@ -221,8 +222,7 @@ class Parts:
 class DevServer:
     def __init__(self, settings: Settings, parts: Parts, run_dir: Path, kube: Any, env: dict[str, str]) -> None:
         self.settings, self.parts, self.run_dir, self.kube, self.env = settings, parts, run_dir, kube, env
-        self.operator: subprocess.Popen[bytes] | None = None
-        self._operator_log: IO[bytes] | None = None
+        self.operator: Process | None = None
         self._late_minio: MinioServer | None = None
 
     async def serve(self, token: str, token_source: str) -> None:
@@ -303,24 +303,13 @@ class DevServer:
         if self.kube is None:
             return
         env = {**os.environ, **self.env, "KUBECONFIG": str(self.kube.kubeconfig), "WFS_OPERATOR_METRICS_PORT": "0"}
-        self._operator_log = (self.run_dir / "operator.log").open("ab")
-        self.operator = subprocess.Popen(
-            [sys.executable, "-m", "workflow_streams.cli", "operator"],
-            env=env,
-            stdout=self._operator_log,
-            stderr=subprocess.STDOUT,
+        self.operator = Process(
+            workflow_streams("operator"), log=self.run_dir / "operator.log", env=env, name="operator"
         )
 
     def stop_operator(self) -> None:
-        if self.operator is not None and self.operator.poll() is None:
-            self.operator.terminate()
-            try:
-                self.operator.wait(15)
-            except subprocess.TimeoutExpired:
-                self.operator.kill()
-                self.operator.wait()
-        if self._operator_log is not None:
-            self._operator_log.close()
+        if self.operator is not None:
+            self.operator.stop(grace=15)
 
 
 async def _wait_for_minio() -> Path:

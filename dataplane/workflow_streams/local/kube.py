@@ -13,9 +13,6 @@ import shutil
 import ssl
 import subprocess
 import tempfile
-import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +23,7 @@ from cryptography.x509.oid import NameOID
 
 from ..localpg import free_port
 from . import cache_bin, checkout_file
+from .process import Process, http_ok, wait_until
 
 CACHE_BIN = cache_bin()
 AUDIENCE = "https://kubernetes.default.svc.cluster.local"
@@ -92,8 +90,7 @@ class ControlPlane:
         self.dir = directory or Path(tempfile.mkdtemp(prefix="wfs-kube-"))
         self.dir.mkdir(parents=True, exist_ok=True)
         self.etcd_port, self.etcd_peer_port, self.port = free_port(), free_port(), free_port()
-        self.procs: list[subprocess.Popen[bytes]] = []
-        self._logs: list[Any] = []
+        self.procs: list[Process] = []
         self.kubeconfig = self.dir / "admin.kubeconfig"
 
     @property
@@ -150,9 +147,7 @@ class ControlPlane:
         return path
 
     def _spawn(self, name: str, args: list[str]) -> None:
-        log = (self.dir / f"{name}.log").open("wb")
-        self._logs.append(log)
-        self.procs.append(subprocess.Popen([str(cache_bin() / name), *args], stdout=log, stderr=subprocess.STDOUT))
+        self.procs.append(Process([str(cache_bin() / name), *args], log=self.dir / f"{name}.log", append=False))
 
     def start(self) -> None:
         self._write_pki()
@@ -216,19 +211,14 @@ class ControlPlane:
         )
         context = ssl.create_default_context(cafile=str(d / "ca.crt"))
         context.load_cert_chain(str(d / "admin.crt"), str(d / "admin.key"))
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            try:
-                with urllib.request.urlopen(f"{self.server}/readyz", context=context, timeout=2) as resp:
-                    if resp.status == 200:
-                        return
-            except (urllib.error.URLError, ConnectionError, TimeoutError):
-                pass
-            for proc in self.procs:
-                if proc.poll() is not None:
-                    raise RuntimeError(f"control plane process exited; logs in {self.dir}")
-            time.sleep(0.2)
-        raise RuntimeError(f"kube-apiserver not ready; logs in {self.dir}")
+        apiserver = self.procs[-1]
+        wait_until(
+            lambda: http_ok(f"{self.server}/readyz", ssl_context=context),
+            seconds=120,
+            alive=lambda: all(proc.running() for proc in self.procs),
+            describe=lambda: "\n".join(proc.tail(2000) for proc in self.procs),
+            what=apiserver.name,
+        )
 
     def kubectl(
         self, *args: str, input: str | None = None, kubeconfig: Path | None = None, check: bool = True
@@ -254,12 +244,5 @@ class ControlPlane:
 
     def stop(self) -> None:
         for proc in reversed(self.procs):
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        for log in self._logs:
-            log.close()
+            proc.stop(grace=10)
         shutil.rmtree(self.dir, ignore_errors=True)

@@ -4,16 +4,12 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import tempfile
-import time
-import urllib.error
-import urllib.request
 from pathlib import Path
-from typing import IO
 
 from ..localpg import free_port
 from . import find_binary
+from .process import Process
 
 ACCESS_KEY = "wfs-test-access"
 SECRET_KEY = "wfs-test-secret-key-0476"
@@ -33,8 +29,7 @@ class MinioServer:
         self._own_data = data is None
         self.data = data or Path(tempfile.mkdtemp(prefix="wfs-minio-"))
         self.log_path = self.data.parent / f"{self.data.name}.log"
-        self.proc: subprocess.Popen[bytes] | None = None
-        self._log: IO[bytes] | None = None
+        self.process: Process | None = None
 
     @property
     def endpoint(self) -> str:
@@ -59,8 +54,7 @@ class MinioServer:
             "MINIO_UPDATE": "off",
         }
         self.data.mkdir(parents=True, exist_ok=True)
-        self._log = self.log_path.open("ab")
-        self.proc = subprocess.Popen(
+        self.process = Process(
             [
                 str(self.binary),
                 "server",
@@ -71,29 +65,15 @@ class MinioServer:
                 f"127.0.0.1:{self.console_port}",
                 str(self.data),
             ],
+            log=self.log_path,
             env=env,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
+            name="minio",
         )
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                with urllib.request.urlopen(f"{self.endpoint}/minio/health/ready", timeout=1) as resp:
-                    if resp.status == 200:
-                        return
-            except (urllib.error.URLError, ConnectionError):
-                pass
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"minio exited during start-up; log in {self.log_path}")
-            time.sleep(0.1)
-        raise RuntimeError(f"minio did not become ready; log in {self.log_path}")
+        self.process.wait_ready(f"{self.endpoint}/minio/health/ready", seconds=timeout)
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(10)
-        if self._log is not None:
-            self._log.close()
+        if self.process is not None:
+            self.process.stop(grace=10)
         if self._own_data:
             shutil.rmtree(self.data, ignore_errors=True)
             self.log_path.unlink(missing_ok=True)
