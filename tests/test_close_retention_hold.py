@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
-from typing import Any
-
 import asyncpg
 
 from tests.support import EVE, StreamsApi, problem
-from workflow_streams.api.app import create_app
+from tests.waiting import eventually
+from workflow_streams.store.db import create_pool
+from workflow_streams.workers import pruner
 
 
 async def test_close_rejects_appends_and_keeps_reads(api: StreamsApi) -> None:
@@ -28,29 +27,20 @@ async def test_close_rejects_appends_and_keeps_reads(api: StreamsApi) -> None:
     assert (await api.close("r", "s")).status == 200  # idempotent
 
 
-async def _pruning_api(aiohttp_client: Any, database_url: str, settings_for: Any) -> StreamsApi:
-    app = create_app(settings_for(database_url, prune_interval_seconds=0.1))
-    return StreamsApi(await aiohttp_client(app))
+async def _sweep(database_url: str) -> pruner.SweepResult:
+    """One pruner sweep, as a replica's background worker runs it (tests drive sweeps directly)."""
+    pool = await create_pool(database_url, 1, 1)
+    try:
+        return await pruner.sweep(pool, "test-replica")
+    finally:
+        await pool.close()
 
 
-async def _wait_for(predicate: Any, seconds: float = 10.0) -> None:
-    deadline = asyncio.get_running_loop().time() + seconds
-    while not await predicate():
-        assert asyncio.get_running_loop().time() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.05)
-
-
-async def test_pruned_cursor_gets_410_with_bounds(
-    aiohttp_client: Any, database_url: str, settings_for: Any, db: asyncpg.Connection
-) -> None:
-    api = await _pruning_api(aiohttp_client, database_url, settings_for)
+async def test_pruned_cursor_gets_410_with_bounds(api: StreamsApi, database_url: str, db: asyncpg.Connection) -> None:
     await api.create("r", "s", retention={"max_records": 3})
     await api.append("r", "s", *range(10))
-
-    async def pruned() -> bool:
-        return await db.fetchval("SELECT earliest_sequence FROM wfs_streams") == 8
-
-    await _wait_for(pruned)
+    assert (await _sweep(database_url)).records == 7
+    assert await db.fetchval("SELECT earliest_sequence FROM wfs_streams") == 8
     body = await problem(await api.read("r", "s", after=2), 410, "cursor_expired")
     assert body["requested"] == 3 and body["earliest"] == 8 and body["latest"] == 10
     assert body["reason"] == "retention_pruned"
@@ -61,26 +51,23 @@ async def test_pruned_cursor_gets_410_with_bounds(
     assert await db.fetchval("SELECT count(*) FROM wfs_records") == 3
 
 
-async def test_max_age_retention(
-    aiohttp_client: Any, database_url: str, settings_for: Any, db: asyncpg.Connection
-) -> None:
-    api = await _pruning_api(aiohttp_client, database_url, settings_for)
+async def test_max_age_retention(api: StreamsApi, database_url: str, db: asyncpg.Connection) -> None:
     await api.create("r", "s", retention={"max_age_seconds": 1})
     await api.append("r", "s", 1, 2)
 
     async def all_pruned() -> bool:
+        await _sweep(database_url)
         return await db.fetchval("SELECT earliest_sequence FROM wfs_streams") == 3
 
-    await _wait_for(all_pruned)
+    await eventually(all_pruned)
     page = await (await api.read("r", "s", after=2)).json()
     assert page["records"] == [] and page["earliest"] == 3 and page["latest"] == 2
     await problem(await api.read("r", "s", after=0), 410, "cursor_expired")
 
 
 async def test_legal_hold_blocks_pruning_until_released(
-    aiohttp_client: Any, database_url: str, settings_for: Any, db: asyncpg.Connection
+    api: StreamsApi, database_url: str, db: asyncpg.Connection
 ) -> None:
-    api = await _pruning_api(aiohttp_client, database_url, settings_for)
     await api.create("r", "s", retention={"max_records": 2})
     resp = await api.hold("r", "s", True, "matter 42", hold_id="matter-42")
     assert resp.status == 200
@@ -92,20 +79,19 @@ async def test_legal_hold_blocks_pruning_until_released(
     await api.hold("r", "s", True, "second matter", hold_id="matter-43")
 
     await api.append("r", "s", *range(6))
-    await asyncio.sleep(0.6)  # several pruner sweeps
+    swept = await _sweep(database_url)
+    assert swept.claimed == ["r/s"] and swept.held == 1 and swept.records == 0
     assert await db.fetchval("SELECT count(*) FROM wfs_records") == 6
     assert (await (await api.read("r", "s", after=0)).json())["records"][0]["sequence"] == 1
 
     await api.hold("r", "s", False, hold_id="matter-42")
-    await asyncio.sleep(0.6)
+    swept = await _sweep(database_url)
+    assert swept.claimed == ["r/s"] and swept.held == 1, "the release made it due; the other hold still stops it"
     assert await db.fetchval("SELECT count(*) FROM wfs_records") == 6, "holds stack: one remains"
 
     await api.hold("r", "s", False, hold_id="matter-43")
-
-    async def pruned() -> bool:
-        return await db.fetchval("SELECT count(*) FROM wfs_records") == 2
-
-    await _wait_for(pruned)
+    assert (await _sweep(database_url)).records == 4
+    assert await db.fetchval("SELECT count(*) FROM wfs_records") == 2
     released = await db.fetch("SELECT released_by, released_at FROM wfs_legal_holds ORDER BY hold_id")
     assert all(r["released_by"] == "alice" and r["released_at"] for r in released)
 

@@ -130,6 +130,20 @@ async def release_many(conn: asyncpg.Connection, kind: str, keys: list[str], hol
     )
 
 
+async def drop_expired(conn: asyncpg.Connection, kind: str, limit: int = 1000) -> int:
+    """Forget up to ``limit`` expired claims of ``kind``: a dead holder's claims on streams that are no
+    longer due would otherwise stay forever (only due streams are taken over). Uses the expiry index."""
+    result = await conn.execute(
+        """DELETE FROM wfs_worker_claims WHERE (worker_kind, claim_key) IN (
+               SELECT worker_kind, claim_key FROM wfs_worker_claims
+               WHERE worker_kind = $1 AND lease_expires_at < now()
+               ORDER BY lease_expires_at LIMIT $2 FOR UPDATE SKIP LOCKED)""",
+        kind,
+        limit,
+    )
+    return int(result.split()[-1])
+
+
 def stream_key(run_id: str, stream_id: str) -> str:
     return f"{run_id}/{stream_id}"
 

@@ -89,6 +89,7 @@ async def sweep(
     result = SweepResult()
     async with pool.acquire() as conn:
         due_by = await retention.due_now(conn)
+        await claims.drop_expired(conn, KIND)
         while True:
             keys = await claims.claim_due_streams(conn, KIND, holder, lease, due_by, claim_batch)
             if not keys:
