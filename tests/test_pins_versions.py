@@ -14,6 +14,7 @@ import pytest
 from pydantic import Field
 
 from tests.support import StreamsApi, problem
+from workflow_streams.domain.authz import Trusted
 from workflow_streams.domain.errors import PinsConflict
 from workflow_streams.domain.pins import (
     VERSION_KEY,
@@ -31,6 +32,9 @@ from workflow_streams_operator.convert import pins_from_spec, spec_from_pins
 FIXTURES = Path(__file__).parent / "fixtures" / "pins"
 STORED = {str(path.relative_to(FIXTURES)): json.loads(path.read_text()) for path in sorted(FIXTURES.glob("*/*.json"))}
 CURRENT = {name: f for name, f in STORED.items() if f["stored"].get(VERSION_KEY) == StreamPins.pins_version}
+
+# the creator of these definitions; who may see them is not what these tests are about
+ALICE = Trusted("alice")
 
 
 # A later release that adds pins with defaults: in domain/pins.py each is the one line marked below.
@@ -132,15 +136,15 @@ async def test_a_pin_added_with_a_default_breaks_no_stored_stream(
     await store_as_found(db, "run-old", "s", fixture)
     async with pool.acquire() as conn:
         definition, created = await definitions.create_definition(
-            conn, "run-old", "s", FuturePins.model_validate(fixture["request"]), "alice"
+            conn, "run-old", "s", FuturePins.model_validate(fixture["request"]), ALICE
         )
         assert not created and definition.pins_digest == fixture["pins_digest"]
         with pytest.raises(PinsConflict):
             await definitions.create_definition(
-                conn, "run-old", "s", FuturePins.model_validate({**fixture["request"], "priority": "high"}), "alice"
+                conn, "run-old", "s", FuturePins.model_validate({**fixture["request"], "priority": "high"}), ALICE
             )
         # and a stream the later release creates stores its pins in full
-        await definitions.create_definition(conn, "run-new", "s", FuturePins.model_validate(fixture["request"]), "a")
+        await definitions.create_definition(conn, "run-new", "s", FuturePins.model_validate(fixture["request"]), ALICE)
     stored = json.loads(await db.fetchval("SELECT pins FROM wfs_streams WHERE run_id = 'run-new'"))
     assert stored["priority"] == "normal" and stored["credit"]["max_record_bytes"] is None
 
@@ -185,5 +189,5 @@ def test_pins_are_parsed_once_per_stored_document() -> None:
     """The append path calls pins_of on every request: a cache hit is one dict lookup."""
     fixture = STORED["unversioned/minimal.json"]
     row = {"pins_digest": fixture["pins_digest"], "pins": fixture["stored"]}
-    first = definitions.pins_of(row)  # type: ignore[arg-type]
-    assert definitions.pins_of({**row, "pins": None}) is first  # type: ignore[arg-type]
+    first = definitions.pins_of(row)
+    assert definitions.pins_of({**row, "pins": None}) is first

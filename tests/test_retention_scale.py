@@ -19,7 +19,7 @@ import pytest
 
 from tests.support import pins
 from tests.waiting import eventually
-from workflow_streams.domain.authz import Principal
+from workflow_streams.domain.authz import Principal, Trusted
 from workflow_streams.domain.pins import StreamPins
 from workflow_streams.domain.records import RecordIn
 from workflow_streams.localpg import LocalPostgres
@@ -139,7 +139,7 @@ async def test_big_prune_goes_in_bounded_transactions(pool: asyncpg.Pool, db: as
 async def test_holds_block_pruning_and_release_makes_the_stream_due(pool: asyncpg.Pool, db: asyncpg.Connection) -> None:
     await _create_streams(db, "r", 2, {"max_records": 2})
     for hold in ("matter-1", "matter-2"):
-        await definitions.set_legal_hold(db, "r", "s00001", hold, True, "matter", "alice")
+        await definitions.set_legal_hold(db, "r", "s00001", hold, True, "matter", Trusted("alice"))
     await _append(pool, "r", ["s00001", "s00002"], 6)
 
     result = await pruner.sweep(pool, "replica-a")
@@ -149,11 +149,11 @@ async def test_holds_block_pruning_and_release_makes_the_stream_due(pool: asyncp
     assert await db.fetchval("SELECT next_prune_at > now() FROM wfs_streams WHERE stream_id = 's00001'")
     assert (await pruner.sweep(pool, "replica-a")).claimed == []
 
-    await definitions.set_legal_hold(db, "r", "s00001", "matter-1", False, "", "alice")
+    await definitions.set_legal_hold(db, "r", "s00001", "matter-1", False, "", Trusted("alice"))
     result = await pruner.sweep(pool, "replica-a")
     assert result.claimed == ["r/s00001"] and result.held == 1 and result.records == 0, "holds stack"
 
-    await definitions.set_legal_hold(db, "r", "s00001", "matter-2", False, "", "alice")
+    await definitions.set_legal_hold(db, "r", "s00001", "matter-2", False, "", Trusted("alice"))
     assert await db.fetchval("SELECT next_prune_at <= now() FROM wfs_streams WHERE stream_id = 's00001'")
     result = await pruner.sweep(pool, "replica-a")
     assert result.claimed == ["r/s00001"] and result.records == 4

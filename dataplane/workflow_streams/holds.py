@@ -1,12 +1,15 @@
 """Legal holds end to end: Postgres first (pruning and deletion stop at once), then S3 Object Lock.
 
-One function for the HTTP API and the operator alike.
+One function for the HTTP API and the operator alike. It trusts no caller: the store checks the
+``legal_hold`` right on the stream row it locks (the operator passes ``Trusted``, as Kubernetes RBAC on
+StreamLegalHold objects authorized it).
 """
 
 from __future__ import annotations
 
 import asyncpg
 
+from .domain.authz import Caller
 from .objectstore import ObjectStore
 from .store import definitions, objects
 from .store.definitions import StreamState
@@ -20,10 +23,10 @@ async def apply_legal_hold(
     hold_id: str,
     enabled: bool,
     reason: str,
-    actor: str,
+    caller: Caller,
 ) -> StreamState:
     async with pool.acquire() as conn:
-        state = await definitions.set_legal_hold(conn, run_id, stream_id, hold_id, enabled, reason, actor)
+        state = await definitions.set_legal_hold(conn, run_id, stream_id, hold_id, enabled, reason, caller)
         keys = await objects.stream_objects(conn, run_id, stream_id) if store is not None else []
     held = bool(state.holds)
     for region, key in keys:

@@ -21,6 +21,7 @@ import prometheus_client
 from botocore.exceptions import BotoCoreError, ClientError
 
 from workflow_streams.config import parse_regions
+from workflow_streams.domain.authz import Trusted
 from workflow_streams.domain.errors import NotFound, PinsConflict, StreamError, StreamHeld
 from workflow_streams.domain.pins import parse_pins
 from workflow_streams.domain.placement import check_metadata_home
@@ -110,7 +111,7 @@ async def reconcile_stream(
         pins = parse_pins(pins_from_spec(spec["pins"]))
         check_metadata_home(pins, os.environ.get("WFS_METADATA_REGION") or None)
         async with memo.pool.acquire() as conn:
-            definition, created = await definitions.create_definition(conn, run_id, stream_id, pins, OPERATOR)
+            definition, created = await definitions.create_definition(conn, run_id, stream_id, pins, Trusted(OPERATOR))
     except (PinsConflict, StreamError) as exc:
         mark("DefinitionSynced", False, _reason(exc.code), exc.detail)
         mark("Ready", False, "DefinitionNotSynced", exc.detail)
@@ -165,7 +166,7 @@ async def delete_stream(
     run_id, stream_id = spec["runId"], spec["streamId"]
     try:
         async with memo.pool.acquire() as conn:
-            queued = await definitions.delete_stream(conn, run_id, stream_id)
+            queued = await definitions.delete_stream(conn, run_id, stream_id, Trusted(OPERATOR))
     except StreamHeld as exc:
         patch.status["conditions"] = set_condition(
             _conditions(status), "Deleting", False, "LegalHold", exc.detail, meta.get("generation")
@@ -214,6 +215,12 @@ def _hold_target(spec: kopf.Spec, namespace: str | None, stream_ids: kopf.Index[
     return ids  # type: ignore[no-any-return]
 
 
+def _requester(spec: kopf.Spec) -> Trusted:
+    """Who asked for the hold, as recorded: Kubernetes RBAC on StreamLegalHold objects authorized it,
+    not the stream's pins."""
+    return Trusted(spec["requestedBy"])
+
+
 def hold_id(namespace: str | None, name: str) -> str:
     return f"k8s.{namespace}.{name}"
 
@@ -233,7 +240,7 @@ async def place_hold(
     reason = f"matter {spec['matterId']}: {spec['reason']}"
     try:
         await apply_legal_hold(
-            memo.pool, memo.store, run_id, stream_id, hold_id(namespace, name), True, reason, spec["requestedBy"]
+            memo.pool, memo.store, run_id, stream_id, hold_id(namespace, name), True, reason, _requester(spec)
         )
     except NotFound:
         raise kopf.TemporaryError("the stream has no definition yet", delay=RETRY_SECONDS) from None
@@ -262,7 +269,7 @@ async def release_hold(
     (ids,) = stream_ids[key]
     try:
         await apply_legal_hold(
-            memo.pool, memo.store, ids[0], ids[1], hold_id(namespace, name), False, "", spec["requestedBy"]
+            memo.pool, memo.store, ids[0], ids[1], hold_id(namespace, name), False, "", _requester(spec)
         )
     except NotFound:
         return

@@ -45,8 +45,8 @@ async def prepare(request: web.Request) -> web.Response:
     pins = parse_prepare(await read_json(request))
     store = _store(app)
     async with app.pool.acquire() as conn:
-        row, created = await objects.prepare(conn, run_id, stream_id, pins, principal, store.bucket)
-    body = objects.intent_json(row)
+        intent, created = await objects.prepare(conn, run_id, stream_id, pins, principal, store.bucket)
+    body = intent.to_json()
     body["upload_url"] = str(
         request.app.router["upload_object"].url_for(run_id=run_id, stream_id=stream_id, intent_id=body["intent_id"])
     )
@@ -59,8 +59,8 @@ async def get(request: web.Request) -> web.Response:
     principal = await principal_of(request)
     run_id, stream_id = stream_key(request)
     async with app.pool.acquire() as conn:
-        row = await objects.get_intent(conn, run_id, stream_id, _intent_id(request), principal)
-    return json_response(objects.intent_json(row))
+        intent = await objects.get_intent(conn, run_id, stream_id, _intent_id(request), principal)
+    return json_response(intent.to_json())
 
 
 @routes.put(INTENT + "/upload", name="upload_object")
@@ -72,20 +72,20 @@ async def upload(request: web.Request) -> web.Response:
     intent_id = _intent_id(request)
     store = _store(app)
     async with app.pool.acquire() as conn:
-        row = await objects.get_intent(conn, run_id, stream_id, intent_id, principal)
-        objects.check_uploadable(row, dt.datetime.now(dt.UTC))
+        intent = await objects.get_intent(conn, run_id, stream_id, intent_id, principal)
+        objects.check_uploadable(intent, dt.datetime.now(dt.UTC))
         held = await retention.is_held(conn, run_id, stream_id)
-    if request.content_length is not None and request.content_length != row["size_bytes"]:
+    if request.content_length is not None and request.content_length != intent.size:
         raise InvalidInput(
-            f"Content-Length {request.content_length} differs from the prepared size {row['size_bytes']}",
+            f"Content-Length {request.content_length} differs from the prepared size {intent.size}",
             field="Content-Length",
         )
     chunks = chunks_with_idle_timeout(request, app.settings.body_timeout_seconds)
-    checksum = await store.upload(row["region"], row["object_key"], chunks, row["size_bytes"], row["sha256"], held)
+    checksum = await store.upload(intent.region, intent.object_key, chunks, intent.size, intent.sha256, held)
     async with app.pool.acquire() as conn:
-        await objects.mark_uploaded(conn, intent_id, checksum)
-        row = await objects.get_intent(conn, run_id, stream_id, intent_id, principal)
-    return json_response(objects.intent_json(row))
+        # the caller was authorized on this intent above; the store hands back the intent as it now is
+        intent = await objects.mark_uploaded(conn, intent_id, checksum)
+    return json_response(intent.to_json())
 
 
 @routes.post(INTENT + "/commit")
@@ -96,8 +96,8 @@ async def commit(request: web.Request) -> web.Response:
     intent_id = _intent_id(request)
     store = _store(app)
     async with app.pool.acquire() as conn:
-        row = await objects.get_intent(conn, run_id, stream_id, intent_id, principal)
-    evidence = await store.evidence(row["region"], row["object_key"])
+        intent = await objects.get_intent(conn, run_id, stream_id, intent_id, principal)
+    evidence = await store.evidence(intent.region, intent.object_key)
 
     async def attempt() -> AppendResult:
         async with app.pool.acquire() as conn:
@@ -117,7 +117,7 @@ async def commit(request: web.Request) -> web.Response:
     async with app.pool.acquire() as conn:
         held = await retention.is_held(conn, run_id, stream_id)
     if held:  # a hold placed while the upload was in flight still covers this object
-        await store.set_legal_hold(row["region"], row["object_key"], True)
+        await store.set_legal_hold(intent.region, intent.object_key, True)
     return json_response(
         {"intent_id": intent_id, "sequence": result.first_sequence}, status=200 if result.replayed else 201
     )

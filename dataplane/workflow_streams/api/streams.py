@@ -6,9 +6,9 @@ import asyncpg
 from aiohttp import web
 
 from .. import metrics, wire
-from ..domain.authz import Action, Principal, may_see, require
+from ..domain.authz import Action, Principal
 from ..domain.cursor import parse_cursor
-from ..domain.errors import Forbidden, InvalidInput, NotAnInputStream, PinsConflict
+from ..domain.errors import InvalidInput, NotAnInputStream
 from ..domain.ids import check_id
 from ..domain.pins import parse_pins
 from ..domain.placement import check_metadata_home
@@ -16,7 +16,7 @@ from ..domain.records import parse_append_body
 from ..domain.wakes import ACKS, RECORDS, Signal
 from ..holds import apply_legal_hold
 from ..runtime.group_commit import append_records
-from ..store import consumers, definitions, deliveries, reads
+from ..store import consumers, definitions, deliveries, reads, streams
 from ..store.appends import AppendRequest
 from .common import STREAM, client_region_of, json_object, json_response, read_json, stream_key
 from .state import principal_of, state_of
@@ -25,23 +25,17 @@ routes = web.RouteTableDef()
 
 DEFAULT_LIMIT = 100
 MAX_LIMIT = 1000
-LIST_SCAN = 100  # stream rows read per statement while filling a listing page
 
 
-async def _require(
-    conn: asyncpg.Connection, run_id: str, stream_id: str, principal: Principal, action: Action
-) -> definitions.Definition:
-    """The principal's right on the stream, for handlers whose store call does not check it."""
-    definition, _ = await definitions.get_stream(conn, run_id, stream_id)
-    require(definition.pins.authorization, principal, action)
-    return definition
-
-
-def _require_input(definition: definitions.Definition) -> None:
-    """Only input streams have deliveries; asked of an output stream, say so instead of answering zeros."""
-    if definition.pins.direction != "input":
+async def _input_stream(
+    conn: asyncpg.Connection, run_id: str, stream_id: str, principal: Principal, right: Action
+) -> None:
+    """Only input streams have deliveries; asked of an output stream, say so instead of answering zeros.
+    The loader checks the caller's right on the row first (the one rights check of these handlers)."""
+    stream = await streams.load(conn, run_id, stream_id, caller=principal, right=right)
+    if stream.pins.direction != "input":
         raise NotAnInputStream(
-            f"{definition.stream_id} is an {definition.pins.direction} stream; only input streams have deliveries"
+            f"{stream.stream_id} is an {stream.pins.direction} stream; only input streams have deliveries"
         )
 
 
@@ -72,28 +66,17 @@ async def create_stream(request: web.Request) -> web.Response:
     stream_id = check_id("stream_id", body["stream_id"])
     pins = parse_pins(body["pins"])
     check_metadata_home(pins, app.settings.metadata_region)
-    try:
-        async with app.pool.acquire() as conn:
-            definition, created = await definitions.create_definition(conn, run_id, stream_id, pins, principal.name)
-    except PinsConflict as exc:
-        # only those who may see the stream learn that it exists with other pins
-        if exc.existing is not None and not may_see(exc.existing.pins.authorization, principal):
-            raise Forbidden("not visible") from None
-        raise
-    if not created and not may_see(definition.pins.authorization, principal):
-        raise Forbidden("not visible")
+    async with app.pool.acquire() as conn:
+        # only those who may see an existing stream learn of it (the store answers Forbidden otherwise)
+        definition, created = await definitions.create_definition(conn, run_id, stream_id, pins, principal)
     location = f"{request.app.router['get_stream'].url_for(run_id=run_id, stream_id=stream_id)}"
     return json_response(definition.to_json(), status=201 if created else 200, headers={"Location": location})
 
 
 @routes.get("/runs/{run_id}/streams")
 async def list_streams(request: web.Request) -> web.Response:
-    """The run's streams this principal may see, in stream id order, ``limit`` at a time after ``after``.
-
-    Streams it may not see are skipped without a trace: a page is filled from visible streams only and
-    ``next_after`` is the last stream on it, so the cursor never names a stream the caller cannot see
-    and every page but the last holds at least one stream (pagination always makes progress).
-    """
+    """The run's streams this principal may see, ``limit`` at a time after ``after``
+    (``definitions.list_streams`` says how invisible streams are skipped without a trace)."""
     app = state_of(request)
     principal = await principal_of(request)
     run_id = check_id("run_id", request.match_info["run_id"])
@@ -101,21 +84,13 @@ async def list_streams(request: web.Request) -> web.Response:
     if after:
         check_id("after", after)
     limit = _limit(request)
-    scan = max(limit + 1, LIST_SCAN)
-    visible: list[tuple[definitions.Definition, definitions.StreamState]] = []
     async with app.pool.acquire() as conn:
-        cursor, exhausted = after, False
-        while len(visible) <= limit and not exhausted:
-            rows = await definitions.list_streams(conn, run_id, cursor, scan)
-            visible += [(d, s) for d, s in rows if may_see(d.pins.authorization, principal)]
-            exhausted = len(rows) < scan
-            if rows:
-                cursor = rows[-1][0].stream_id
-    page = visible[:limit]
-    # one visible stream past the page proves there is a next page
-    next_after = page[-1][0].stream_id if len(visible) > limit else None
+        listing = await definitions.list_streams(conn, run_id, after, limit, principal)
     return json_response(
-        {"streams": [{**d.to_json(), "state": s.to_json()} for d, s in page], "next_after": next_after}
+        {
+            "streams": [{**d.to_json(), "state": s.to_json()} for d, s in listing.streams],
+            "next_after": listing.next_after,
+        }
     )
 
 
@@ -125,9 +100,7 @@ async def get_stream(request: web.Request) -> web.Response:
     principal = await principal_of(request)
     run_id, stream_id = stream_key(request)
     async with app.pool.acquire() as conn:
-        definition, state = await definitions.get_stream(conn, run_id, stream_id)
-    if not may_see(definition.pins.authorization, principal):
-        raise Forbidden("principal has no right on this stream")
+        definition, state = await definitions.get_stream(conn, run_id, stream_id, principal)
     return json_response({**definition.to_json(), "state": state.to_json()})
 
 
@@ -201,9 +174,7 @@ async def legal_hold(request: web.Request) -> web.Response:
     if not isinstance(hold_id, str):
         raise InvalidInput("hold_id must be a string", field="hold_id")
     check_id("hold_id", hold_id)
-    async with app.pool.acquire() as conn:
-        await _require(conn, run_id, stream_id, principal, "legal_hold")
-    state = await apply_legal_hold(app.pool, app.objects, run_id, stream_id, hold_id, enabled, reason, principal.name)
+    state = await apply_legal_hold(app.pool, app.objects, run_id, stream_id, hold_id, enabled, reason, principal)
     return json_response(state.to_json())
 
 
@@ -214,7 +185,7 @@ async def delivery_status(request: web.Request) -> web.Response:
     principal = await principal_of(request)
     run_id, stream_id = stream_key(request)
     async with app.pool.acquire() as conn:
-        _require_input(await _require(conn, run_id, stream_id, principal, "read"))
+        await _input_stream(conn, run_id, stream_id, principal, "read")
         return json_response(await deliveries.summary(conn, run_id, stream_id))
 
 
@@ -225,5 +196,5 @@ async def requeue_deliveries(request: web.Request) -> web.Response:
     principal = await principal_of(request)
     run_id, stream_id = stream_key(request)
     async with app.pool.acquire() as conn:
-        _require_input(await _require(conn, run_id, stream_id, principal, "append"))
+        await _input_stream(conn, run_id, stream_id, principal, "append")
         return json_response({"requeued": await deliveries.requeue_failed(conn, run_id, stream_id)})

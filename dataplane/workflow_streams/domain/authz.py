@@ -1,4 +1,10 @@
-"""Who may do what on a stream, from the definition's pinned authorization."""
+"""Who may do what on a stream, from the definition's pinned authorization.
+
+One check, ``authorize(authorization, caller, right)``, which every store entry point that acts on a
+stream runs on the row it loads (``store.streams.load``): handlers pass the caller in and never check
+rights themselves. A caller is a ``Principal`` (rights from the pins) or ``Trusted`` (authorized outside
+the pins, e.g. the operator by Kubernetes RBAC on its custom resources; the name says who, for audit).
+"""
 
 from __future__ import annotations
 
@@ -9,12 +15,24 @@ from .errors import Forbidden
 from .pins import Authorization
 
 Action = Literal["append", "read", "subscribe", "ack", "close", "legal_hold"]
+# what a check asks for: an action, or "see" (any right lets a principal read the definition)
+Right = Action | Literal["see"]
 
 
 @dataclass(frozen=True)
 class Principal:
     name: str
     groups: frozenset[str] = field(default_factory=frozenset)
+
+
+@dataclass(frozen=True)
+class Trusted:
+    """A caller authorized outside the pins (the operator, by Kubernetes RBAC; internal housekeeping)."""
+
+    name: str
+
+
+Caller = Principal | Trusted
 
 
 def matching_subject(authorization: Authorization, principal: Principal, action: Action) -> str | None:
@@ -44,3 +62,19 @@ def may_see(authorization: Authorization, principal: Principal) -> bool:
 def require(authorization: Authorization, principal: Principal, action: Action) -> None:
     if not may(authorization, principal, action):
         raise Forbidden(f"principal may not {action.replace('_', ' ')} on this stream")
+
+
+def permits(authorization: Authorization, caller: Caller, right: Right) -> bool:
+    if isinstance(caller, Trusted):
+        return True
+    if right == "see":
+        return may_see(authorization, caller)
+    return may(authorization, caller, right)
+
+
+def authorize(authorization: Authorization, caller: Caller, right: Right) -> None:
+    """The one rights check: ``Forbidden`` unless ``caller`` holds ``right``."""
+    if not permits(authorization, caller, right):
+        if right == "see":
+            raise Forbidden("principal has no right on this stream")
+        raise Forbidden(f"principal may not {right.replace('_', ' ')} on this stream")

@@ -43,13 +43,26 @@ class ObjectPins:
     region: str | None
     expires_in_seconds: int
 
-    def same_as(self, row: Any) -> bool:
+    def same_as(self, prepared: Prepared) -> bool:
+        """Whether ``prepared`` (what this idempotency key already made) is what these pins ask for; a
+        prepare that named no region accepts the region chosen then."""
         return (self.sha256, self.size, self.content_type, self.schema_ref) == (
-            row["sha256"],
-            row["size_bytes"],
-            row["content_type"],
-            row["schema_ref"],
-        ) and self.region in (None, row["region"])
+            prepared.sha256,
+            prepared.size,
+            prepared.content_type,
+            prepared.schema_ref,
+        ) and self.region in (None, prepared.region)
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """What an existing intent fixed, as ``ObjectPins.same_as`` compares it (the store maps its row)."""
+
+    sha256: str
+    size: int
+    content_type: str
+    schema_ref: str | None
+    region: str
 
 
 def parse_prepare(body: Any) -> ObjectPins:

@@ -6,9 +6,9 @@ from typing import Any
 
 import asyncpg
 
-from ..domain.authz import Principal, require
-from ..domain.errors import AckRegression, ConsumerScopeMismatch, FutureAck, StreamNotFound
-from .definitions import pins_of
+from ..domain.authz import Principal
+from ..domain.errors import AckRegression, ConsumerScopeMismatch, FutureAck
+from . import streams
 
 
 async def ack(
@@ -20,18 +20,11 @@ async def ack(
     principal: Principal,
 ) -> dict[str, Any]:
     async with conn.transaction():
-        stream = await conn.fetchrow(
-            "SELECT pins_digest, pins, last_sequence FROM wfs_streams WHERE run_id = $1 AND stream_id = $2",
-            run_id,
-            stream_id,
-        )
-        if stream is None:
-            raise StreamNotFound("no such stream")
-        require(pins_of(stream).authorization, principal, "ack")
-        if sequence > stream["last_sequence"]:
+        stream = await streams.load(conn, run_id, stream_id, caller=principal, right="ack")
+        if sequence > stream.last_sequence:
             raise FutureAck(
-                f"sequence {sequence} is past the latest sequence {stream['last_sequence']}",
-                latest=stream["last_sequence"],
+                f"sequence {sequence} is past the latest sequence {stream.last_sequence}",
+                latest=stream.last_sequence,
             )
         await conn.execute(
             """INSERT INTO wfs_consumers (consumer_id, run_id, stream_id, acked_sequence, updated_by)

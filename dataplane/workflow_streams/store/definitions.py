@@ -1,4 +1,8 @@
-"""Stream definitions, their state, close and legal holds."""
+"""Stream definitions, their state, close and legal holds.
+
+Every entry point takes its caller and checks the right it needs on the stream row it loads
+(``streams.load``); handlers never check rights themselves.
+"""
 
 from __future__ import annotations
 
@@ -8,11 +12,12 @@ from typing import Any
 
 import asyncpg
 
-from ..domain.authz import Principal, require
-from ..domain.errors import PinsConflict, StreamHeld, StreamNotFound
+from ..domain.authz import Caller, permits
+from ..domain.errors import Forbidden, PinsConflict, StreamHeld
 from ..domain.pins import StreamPins
 from ..domain.wakes import RECORDS, Signal
-from . import notify
+from . import notify, streams
+from .streams import COLUMNS, StreamRow
 
 
 @dataclass(frozen=True)
@@ -57,120 +62,117 @@ class StreamState:
         }
 
 
-_PINS_CACHE: dict[str, StreamPins] = {}
-_PINS_CACHE_LIMIT = 10_000
+# compatibility names for the modules that still take a raw row (appends, durable): the loader is streams.load
+pins_of = streams.pins_of
 
 
-def pins_of(row: asyncpg.Record) -> StreamPins:
-    """Pins are immutable and ``pins_digest`` is the content address of the stored document, so the
-    pins read from it (upgraded to this release's model) are cached by digest."""
-    digest = row["pins_digest"]
-    pins = _PINS_CACHE.get(digest)
-    if pins is None:
-        if len(_PINS_CACHE) >= _PINS_CACHE_LIMIT:
-            _PINS_CACHE.clear()
-        # a dict through our pool's jsonb codec, text through a plain connection
-        pins = StreamPins.read_stored(row["pins"])
-        _PINS_CACHE[digest] = pins
-    return pins
-
-
-def _definition(row: asyncpg.Record) -> Definition:
+def _definition(row: StreamRow) -> Definition:
     return Definition(
-        run_id=row["run_id"],
-        stream_id=row["stream_id"],
-        pins=pins_of(row),
-        pins_digest=row["pins_digest"],
-        created_at=row["created_at"],
-        created_by=row["created_by"],
+        run_id=row.run_id,
+        stream_id=row.stream_id,
+        pins=row.pins,
+        pins_digest=row.pins_digest,
+        created_at=row.created_at,
+        created_by=row.created_by,
     )
 
 
 async def create_definition(
-    conn: asyncpg.Connection, run_id: str, stream_id: str, pins: StreamPins, creator: str
+    conn: asyncpg.Connection, run_id: str, stream_id: str, pins: StreamPins, caller: Caller
 ) -> tuple[Definition, bool]:
     """Create a definition, or return the existing one if its pins mean the same. True if created.
-    Callers decide who may see an existing definition."""
+    Only a caller who may see an existing stream learns of it (``Forbidden`` otherwise, also for a
+    conflict): the very answer a stream that does not exist would give."""
     digest = pins.digest()
     row = await conn.fetchrow(
-        """INSERT INTO wfs_streams (run_id, stream_id, pins, pins_digest, created_by)
-           VALUES ($1, $2, $3, $4, $5)
-           ON CONFLICT (run_id, stream_id) DO NOTHING
-           RETURNING *""",
+        f"""INSERT INTO wfs_streams (run_id, stream_id, pins, pins_digest, created_by)
+            VALUES ($1, $2, $3, $4, $5)
+            ON CONFLICT (run_id, stream_id) DO NOTHING
+            RETURNING {COLUMNS}""",
         run_id,
         stream_id,
         pins.stored(),
         digest,
-        creator,
+        caller.name,
     )
     if row is not None:
-        return _definition(row), True
-    existing = await conn.fetchrow("SELECT * FROM wfs_streams WHERE run_id = $1 AND stream_id = $2", run_id, stream_id)
+        return _definition(streams.row_of(row)), True
+    existing = await conn.fetchrow(
+        f"SELECT {COLUMNS} FROM wfs_streams WHERE run_id = $1 AND stream_id = $2", run_id, stream_id
+    )
     if existing is None:  # deleted between the two statements; the caller may retry
         raise PinsConflict("the stream was deleted while being created; retry")
-    definition = _definition(existing)
+    stream = streams.row_of(existing)
+    if not permits(stream.pins.authorization, caller, "see"):
+        raise Forbidden("not visible")
+    definition = _definition(stream)
     # Compare meaning: the stored pins read (upgraded, defaults filled in) by the requested pins' model,
     # so a release that adds a pin with a default still finds every older stream's pins the same.
     stored = definition.pins if type(pins) is StreamPins else type(pins).read_stored(existing["pins"])
     if stored.digest() != digest:
         conflict = PinsConflict(
             "a stream with this id exists with different pins; pins are immutable",
-            existing_pins_digest=existing["pins_digest"],
+            existing_pins_digest=stream.pins_digest,
             requested_pins_digest=digest,
         )
-        conflict.existing = definition  # so callers can decide who may learn of it
+        conflict.existing = definition
         raise conflict
     return definition, False
 
 
-async def get_stream(conn: asyncpg.Connection, run_id: str, stream_id: str) -> tuple[Definition, StreamState]:
-    row = await conn.fetchrow("SELECT * FROM wfs_streams WHERE run_id = $1 AND stream_id = $2", run_id, stream_id)
-    if row is None:
-        raise StreamNotFound("no such stream")
-    return _definition(row), await _state(conn, row)
+async def get_stream(
+    conn: asyncpg.Connection, run_id: str, stream_id: str, caller: Caller
+) -> tuple[Definition, StreamState]:
+    stream = await streams.load(conn, run_id, stream_id, caller=caller, right="see")
+    return _definition(stream), await _state(conn, stream)
 
 
-async def _state(conn: asyncpg.Connection, row: asyncpg.Record) -> StreamState:
+async def _active_holds(conn: asyncpg.Connection, run_id: str, stream_id: str) -> list[dict[str, Any]]:
+    """The stream's active holds with who placed them and why (``wfs_active_holds`` says only whether a
+    stream is held; the listing needs each hold's columns)."""
     holds = await conn.fetch(
         """SELECT hold_id, reason, held_by, held_at FROM wfs_legal_holds
            WHERE run_id = $1 AND stream_id = $2 AND released_at IS NULL ORDER BY held_at, hold_id""",
-        row["run_id"],
-        row["stream_id"],
+        run_id,
+        stream_id,
     )
+    return [{**dict(h), "held_at": h["held_at"].isoformat()} for h in holds]
+
+
+def _state_of(stream: StreamRow, holds: list[dict[str, Any]]) -> StreamState:
     return StreamState(
-        last_sequence=row["last_sequence"],
-        earliest_sequence=row["earliest_sequence"],
-        appended_bytes=row["appended_bytes"],
-        closed_at=row["closed_at"],
-        closed_by=row["closed_by"],
-        holds=[{**dict(h), "held_at": h["held_at"].isoformat()} for h in holds],
+        last_sequence=stream.last_sequence,
+        earliest_sequence=stream.earliest_sequence,
+        appended_bytes=stream.appended_bytes,
+        closed_at=stream.closed_at,
+        closed_by=stream.closed_by,
+        holds=holds,
     )
 
 
-async def lock_stream(conn: asyncpg.Connection, run_id: str, stream_id: str) -> asyncpg.Record:
-    """The stream row, locked for the rest of the transaction."""
-    row = await conn.fetchrow(
-        "SELECT * FROM wfs_streams WHERE run_id = $1 AND stream_id = $2 FOR UPDATE", run_id, stream_id
-    )
-    if row is None:
-        raise StreamNotFound("no such stream")
-    return row
+async def _state(conn: asyncpg.Connection, stream: StreamRow) -> StreamState:
+    return _state_of(stream, await _active_holds(conn, stream.run_id, stream.stream_id))
 
 
-async def close_stream(conn: asyncpg.Connection, run_id: str, stream_id: str, principal: Principal) -> StreamState:
+async def lock_stream(conn: asyncpg.Connection, run_id: str, stream_id: str) -> StreamRow:
+    """Compatibility name: ``streams.load(..., lock=True)``."""
+    return await streams.load(conn, run_id, stream_id, lock=True)
+
+
+async def close_stream(conn: asyncpg.Connection, run_id: str, stream_id: str, caller: Caller) -> StreamState:
     async with conn.transaction():
-        row = await lock_stream(conn, run_id, stream_id)
-        require(pins_of(row).authorization, principal, "close")
-        if row["closed_at"] is None:
+        stream = await streams.load(conn, run_id, stream_id, lock=True, caller=caller, right="close")
+        if stream.closed_at is None:
             row = await conn.fetchrow(
-                """UPDATE wfs_streams SET closed_at = now(), closed_by = $3
-                   WHERE run_id = $1 AND stream_id = $2 RETURNING *""",
+                f"""UPDATE wfs_streams SET closed_at = now(), closed_by = $3
+                    WHERE run_id = $1 AND stream_id = $2 RETURNING {COLUMNS}""",
                 run_id,
                 stream_id,
-                principal.name,
+                caller.name,
             )
+            stream = streams.row_of(row)
             # the caller wakes subscribers after COMMIT: they drain and then see the close
-        return await _state(conn, row)
+        return await _state(conn, stream)
 
 
 async def set_legal_hold(
@@ -180,12 +182,13 @@ async def set_legal_hold(
     hold_id: str,
     enabled: bool,
     reason: str,
-    actor: str,
+    caller: Caller,
 ) -> StreamState:
     """Place or release one hold, recording who and when. Holds stack; the stream is held while any is
-    active. Callers authorize ``actor`` (the HTTP layer by the pins, the operator by Kubernetes RBAC)."""
+    active. ``caller`` needs the ``legal_hold`` right (the operator passes ``Trusted``: Kubernetes RBAC
+    on StreamLegalHold objects authorized it)."""
     async with conn.transaction():
-        row = await lock_stream(conn, run_id, stream_id)
+        stream = await streams.load(conn, run_id, stream_id, lock=True, caller=caller, right="legal_hold")
         if enabled:
             await conn.execute(
                 """INSERT INTO wfs_legal_holds (run_id, stream_id, hold_id, reason, held_by)
@@ -198,7 +201,7 @@ async def set_legal_hold(
                 stream_id,
                 hold_id,
                 reason,
-                actor,
+                caller.name,
             )
         else:
             await conn.execute(
@@ -207,28 +210,25 @@ async def set_legal_hold(
                 run_id,
                 stream_id,
                 hold_id,
-                actor,
+                caller.name,
             )
-        return await _state(conn, row)
+        return await _state(conn, stream)
 
 
-async def delete_stream(conn: asyncpg.Connection, run_id: str, stream_id: str) -> list[tuple[str, str, str]]:
+async def delete_stream(
+    conn: asyncpg.Connection, run_id: str, stream_id: str, caller: Caller
+) -> list[tuple[str, str, str]]:
     """Close and delete a stream; its objects go to the deletion outbox (which outlives the stream).
-    Refused while a legal hold exists. Returns the (region, bucket, key) queued for deletion."""
+    Refused while a legal hold exists. Returns the (region, bucket, key) queued for deletion. Deleting
+    ends the stream for everyone: ``caller`` needs the right that ends streams (``close``)."""
     async with conn.transaction():
-        row = await conn.fetchrow(
-            "SELECT * FROM wfs_streams WHERE run_id = $1 AND stream_id = $2 FOR UPDATE", run_id, stream_id
-        )
-        if row is None:
+        stream = await streams.find(conn, run_id, stream_id, lock=True)
+        if stream is None:
             return []
-        holds = await conn.fetchval(
-            """SELECT count(*) FROM wfs_legal_holds
-               WHERE run_id = $1 AND stream_id = $2 AND released_at IS NULL""",
-            run_id,
-            stream_id,
-        )
+        stream.authorize(caller, "close")
+        holds = await _active_holds(conn, run_id, stream_id)
         if holds:
-            raise StreamHeld(f"{holds} legal hold(s) exist; the stream cannot be deleted", holds=holds)
+            raise StreamHeld(f"{len(holds)} legal hold(s) exist; the stream cannot be deleted", holds=len(holds))
         queued = await conn.fetch(
             """INSERT INTO wfs_deletion_outbox (run_id, stream_id, region, bucket, object_key, reason)
                SELECT $1, $2, region, bucket, object_key, 'stream_deleted' FROM wfs_object_intents
@@ -244,11 +244,43 @@ async def delete_stream(conn: asyncpg.Connection, run_id: str, stream_id: str) -
         return [(r["region"], r["bucket"], r["object_key"]) for r in queued]
 
 
-async def list_streams(
+@dataclass(frozen=True)
+class Listing:
+    streams: list[tuple[Definition, StreamState]]
+    # the last stream of this page when a visible stream follows it; None on the last page
+    next_after: str | None
+
+
+# stream rows read per statement while filling a listing page
+LIST_SCAN = 100
+
+
+async def list_streams(conn: asyncpg.Connection, run_id: str, after: str, limit: int, caller: Caller) -> Listing:
+    """The run's streams ``caller`` may see, in stream id order, ``limit`` at a time after ``after``.
+
+    Streams it may not see are skipped without a trace: a page is filled from visible streams only and
+    ``next_after`` is the last stream on it, so the cursor never names a stream the caller cannot see
+    and every page but the last holds at least one stream (pagination always makes progress).
+    """
+    scan = max(limit + 1, LIST_SCAN)
+    visible: list[tuple[Definition, StreamState]] = []
+    cursor, exhausted = after, False
+    while len(visible) <= limit and not exhausted:
+        rows = await _list_page(conn, run_id, cursor, scan)
+        visible += [(d, s) for d, s in rows if permits(d.pins.authorization, caller, "see")]
+        exhausted = len(rows) < scan
+        if rows:
+            cursor = rows[-1][0].stream_id
+    page = visible[:limit]
+    # one visible stream past the page proves there is a next page
+    return Listing(page, page[-1][0].stream_id if len(visible) > limit else None)
+
+
+async def _list_page(
     conn: asyncpg.Connection, run_id: str, after: str, limit: int
 ) -> list[tuple[Definition, StreamState]]:
     """A run's streams with ``stream_id > after`` in ``stream_id`` order (keyset pagination on the primary
-    key), each with its state and active holds. Callers decide who may see which."""
+    key), each with its state and active holds."""
     rows = await conn.fetch(
         """SELECT s.*, h.hold_ids, h.reasons, h.held_bys, h.held_ats
            FROM wfs_streams s
@@ -271,16 +303,13 @@ async def list_streams(
     for row in rows:
         columns = (row["hold_ids"], row["reasons"], row["held_bys"], row["held_ats"])
         holds = zip(*(column or () for column in columns), strict=True)
-        state = StreamState(
-            last_sequence=row["last_sequence"],
-            earliest_sequence=row["earliest_sequence"],
-            appended_bytes=row["appended_bytes"],
-            closed_at=row["closed_at"],
-            closed_by=row["closed_by"],
-            holds=[
+        stream = streams.row_of(row)
+        state = _state_of(
+            stream,
+            [
                 {"hold_id": hold_id, "reason": reason, "held_by": held_by, "held_at": held_at.isoformat()}
                 for hold_id, reason, held_by, held_at in holds
             ],
         )
-        out.append((_definition(row), state))
+        out.append((_definition(stream), state))
     return out

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import asyncpg
 
-from ..domain.authz import Principal, require
+from ..domain.authz import Principal, Trusted, require
 from ..domain.durable import (
     ConfigConflict,
     ContentTypeMismatch,
@@ -35,6 +35,8 @@ from . import appends, definitions
 from .definitions import lock_stream, pins_of
 
 OWN_CONTENT_TYPE = "application/json"
+# who deletes expired streams: their lifetime, not a caller's right
+EXPIRY = Trusted("durable-streams expiry")
 
 _SELECT = """
 SELECT s.run_id, s.stream_id, s.pins, s.pins_digest, s.last_sequence, s.earliest_sequence, s.closed_at,
@@ -126,7 +128,7 @@ async def load(conn: asyncpg.Connection, run_id: str, stream_id: str) -> Meta:
 
 async def _delete_expired(conn: asyncpg.Connection, meta: Meta) -> bool:
     try:
-        await definitions.delete_stream(conn, meta.run_id, meta.stream_id)
+        await definitions.delete_stream(conn, meta.run_id, meta.stream_id, EXPIRY)
     except StreamHeld:
         return False  # a legal hold keeps the records; the protocol still sees no stream
     return True
@@ -171,7 +173,8 @@ async def create(
             existing = None
         if existing is None:
             try:
-                _, created = await definitions.create_definition(conn, run_id, stream_id, pins, principal.name)
+                # Trusted: this surface decides on its Meta who may learn of an existing stream (``create``)
+                _, created = await definitions.create_definition(conn, run_id, stream_id, pins, Trusted(principal.name))
             except PinsConflict:
                 created = False  # created concurrently by someone else
             if created:
@@ -353,8 +356,8 @@ async def _remember(conn: asyncpg.Connection, meta: Meta, plan: AppendPlan, acce
 
 async def delete(conn: asyncpg.Connection, meta: Meta) -> None:
     """Only streams created through the protocol: our own streams' definitions are not the protocol's
-    to remove (their deletion goes through the operator)."""
-    await definitions.delete_stream(conn, meta.run_id, meta.stream_id)
+    to remove (their deletion goes through the operator). The caller checked ``close`` on ``meta``."""
+    await definitions.delete_stream(conn, meta.run_id, meta.stream_id, Trusted("durable-streams delete"))
 
 
 async def sweep_expired(conn: asyncpg.Connection, limit: int = 20) -> int:
@@ -370,7 +373,7 @@ async def sweep_expired(conn: asyncpg.Connection, limit: int = 20) -> int:
     removed = 0
     for row in rows:
         try:
-            await definitions.delete_stream(conn, row["run_id"], row["stream_id"])
+            await definitions.delete_stream(conn, row["run_id"], row["stream_id"], EXPIRY)
             removed += 1
         except StreamHeld:
             continue

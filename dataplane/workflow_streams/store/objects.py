@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
 
-from ..domain.authz import Principal, matching_subject, require
+from ..domain.authz import Principal, authorize, matching_subject
 from ..domain.errors import (
     IdempotencyKeyReused,
     IntentExpired,
@@ -16,33 +17,79 @@ from ..domain.errors import (
     NotFound,
     ObjectEvidenceMismatch,
     StreamClosed,
-    StreamNotFound,
 )
-from ..domain.objects import ObjectPins, can_move, choose_region, object_json, object_key
+from ..domain.objects import ObjectPins, Prepared, can_move, choose_region, object_json, object_key
 from ..domain.records import RecordIn
 from ..domain.wakes import Signal
+from . import streams
 from .appends import AppendResult, append_locked
-from .definitions import lock_stream, pins_of
 
 
-def intent_json(row: asyncpg.Record) -> dict[str, Any]:
-    return {
-        "intent_id": str(row["intent_id"]),
-        "state": row["state"],
-        "run_id": row["run_id"],
-        "stream_id": row["stream_id"],
-        "idempotency_key": row["idempotency_key"],
-        "region": row["region"],
-        "bucket": row["bucket"],
-        "object_key": row["object_key"],
-        "sha256": row["sha256"],
-        "size": row["size_bytes"],
-        "content_type": row["content_type"],
-        "schema_ref": row["schema_ref"],
-        "authorization_receipt": row["authorization_receipt"],
-        "expires_at": row["expires_at"].isoformat(),
-        "committed_sequence": row["committed_sequence"],
-    }
+@dataclass(frozen=True, slots=True)
+class Intent:
+    """An object intent as the store hands it out (never a raw row)."""
+
+    intent_id: str
+    state: str
+    run_id: str
+    stream_id: str
+    idempotency_key: str
+    region: str
+    bucket: str
+    object_key: str
+    sha256: str
+    size: int
+    content_type: str
+    schema_ref: str | None
+    authorization_receipt: dict[str, Any]
+    expires_at: dt.datetime
+    committed_sequence: int | None
+    s3_checksum: str | None
+
+    @property
+    def prepared(self) -> Prepared:
+        return Prepared(self.sha256, self.size, self.content_type, self.schema_ref, self.region)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "intent_id": self.intent_id,
+            "state": self.state,
+            "run_id": self.run_id,
+            "stream_id": self.stream_id,
+            "idempotency_key": self.idempotency_key,
+            "region": self.region,
+            "bucket": self.bucket,
+            "object_key": self.object_key,
+            "sha256": self.sha256,
+            "size": self.size,
+            "content_type": self.content_type,
+            "schema_ref": self.schema_ref,
+            "authorization_receipt": self.authorization_receipt,
+            "expires_at": self.expires_at.isoformat(),
+            "committed_sequence": self.committed_sequence,
+        }
+
+
+def _intent(row: asyncpg.Record) -> Intent:
+    """The row → value mapping of ``wfs_object_intents``: the only place that knows its column names."""
+    return Intent(
+        intent_id=str(row["intent_id"]),
+        state=row["state"],
+        run_id=row["run_id"],
+        stream_id=row["stream_id"],
+        idempotency_key=row["idempotency_key"],
+        region=row["region"],
+        bucket=row["bucket"],
+        object_key=row["object_key"],
+        sha256=row["sha256"],
+        size=row["size_bytes"],
+        content_type=row["content_type"],
+        schema_ref=row["schema_ref"],
+        authorization_receipt=row["authorization_receipt"],
+        expires_at=row["expires_at"],
+        committed_sequence=row["committed_sequence"],
+        s3_checksum=row["s3_checksum"],
+    )
 
 
 async def prepare(
@@ -52,29 +99,21 @@ async def prepare(
     pins: ObjectPins,
     principal: Principal,
     bucket_of: Any,
-) -> tuple[asyncpg.Record, bool]:
+) -> tuple[Intent, bool]:
     """Create the intent, or return the one this idempotency key already made. True if created."""
     async with conn.transaction():
-        stream = await conn.fetchrow(
-            "SELECT pins_digest, pins, closed_at FROM wfs_streams WHERE run_id = $1 AND stream_id = $2",
-            run_id,
-            stream_id,
-        )
-        if stream is None:
-            raise StreamNotFound("no such stream")
-        stream_pins = pins_of(stream)
-        require(stream_pins.authorization, principal, "append")
-        if stream["closed_at"] is not None:
+        stream = await streams.load(conn, run_id, stream_id, caller=principal, right="append")
+        if stream.closed:
             raise StreamClosed("the stream is closed; appends are rejected")
-        region = choose_region(pins.region, stream_pins.placement.object_regions)
+        region = choose_region(pins.region, stream.pins.placement.object_regions)
         intent_id = uuid.uuid4()
         receipt = {
             "principal": principal.name,
             "groups": sorted(principal.groups),
             "action": "append",
-            "granted_by": f"authorization.append: {matching_subject(stream_pins.authorization, principal, 'append')}",
+            "granted_by": f"authorization.append: {matching_subject(stream.pins.authorization, principal, 'append')}",
             "decided_at": dt.datetime.now(dt.UTC).isoformat(),
-            "pins_digest": stream["pins_digest"],
+            "pins_digest": stream.pins_digest,
         }
         row = await conn.fetchrow(
             """INSERT INTO wfs_object_intents
@@ -99,50 +138,66 @@ async def prepare(
             dt.timedelta(seconds=pins.expires_in_seconds),
         )
         if row is not None:
-            return row, True
-        existing = await conn.fetchrow(
-            """SELECT * FROM wfs_object_intents
-               WHERE run_id = $1 AND stream_id = $2 AND idempotency_key = $3""",
-            run_id,
-            stream_id,
-            pins.idempotency_key,
+            return _intent(row), True
+        existing = _intent(
+            await conn.fetchrow(
+                """SELECT * FROM wfs_object_intents
+                   WHERE run_id = $1 AND stream_id = $2 AND idempotency_key = $3""",
+                run_id,
+                stream_id,
+                pins.idempotency_key,
+            )
         )
-        if not pins.same_as(existing):
+        if not pins.same_as(existing.prepared):
             raise IdempotencyKeyReused("this idempotency key prepared a different object")
         return existing, False
 
 
 async def get_intent(
     conn: asyncpg.Connection, run_id: str, stream_id: str, intent_id: str, principal: Principal
-) -> asyncpg.Record:
+) -> Intent:
+    """The intent, for a caller with the ``append`` right on its stream (the right that made it)."""
     row = await conn.fetchrow(
-        """SELECT i.*, s.pins, s.pins_digest FROM wfs_object_intents i
-           JOIN wfs_streams s USING (run_id, stream_id)
-           WHERE i.intent_id = $1 AND i.run_id = $2 AND i.stream_id = $3""",
+        f"""SELECT i.*, {_STREAM_PINS} FROM wfs_object_intents i
+            JOIN wfs_streams s USING (run_id, stream_id)
+            WHERE i.intent_id = $1 AND i.run_id = $2 AND i.stream_id = $3""",
         uuid.UUID(intent_id),
         run_id,
         stream_id,
     )
     if row is None:
         raise NotFound("no such object intent")
-    require(pins_of(row).authorization, principal, "append")
-    return row
+    authorize(streams.pins_of(row).authorization, principal, "append")
+    return _intent(row)
 
 
-def check_uploadable(row: asyncpg.Record, now: dt.datetime) -> None:
-    if row["state"] not in ("prepared", "uploaded"):
-        raise IntentState(f"the intent is {row['state']}; it takes no upload", state=row["state"])
-    if row["expires_at"] <= now:
-        raise IntentExpired("the intent expired; prepare again", expires_at=row["expires_at"].isoformat())
+# the stream's pins beside an intent's columns (the join above), named so they do not clash
+_STREAM_PINS = "s.pins, s.pins_digest"
 
 
-async def mark_uploaded(conn: asyncpg.Connection, intent_id: str, checksum: str) -> None:
-    await conn.execute(
-        """UPDATE wfs_object_intents SET state = 'uploaded', s3_checksum = $2, updated_at = now()
-           WHERE intent_id = $1 AND state IN ('prepared', 'uploaded')""",
+def check_uploadable(intent: Intent, now: dt.datetime) -> None:
+    if intent.state not in ("prepared", "uploaded"):
+        raise IntentState(f"the intent is {intent.state}; it takes no upload", state=intent.state)
+    if intent.expires_at <= now:
+        raise IntentExpired("the intent expired; prepare again", expires_at=intent.expires_at.isoformat())
+
+
+async def mark_uploaded(conn: asyncpg.Connection, intent_id: str, checksum: str) -> Intent:
+    """Record S3's checksum; the intent as it now is (an intent aborted or expired meanwhile is left so)."""
+    row = await conn.fetchrow(
+        """WITH moved AS (
+               UPDATE wfs_object_intents SET state = 'uploaded', s3_checksum = $2, updated_at = now()
+               WHERE intent_id = $1 AND state IN ('prepared', 'uploaded')
+               RETURNING *)
+           SELECT * FROM moved
+           UNION ALL
+           SELECT * FROM wfs_object_intents WHERE intent_id = $1 AND NOT EXISTS (SELECT 1 FROM moved)""",
         uuid.UUID(intent_id),
         checksum,
     )
+    if row is None:
+        raise NotFound("no such object intent")
+    return _intent(row)
 
 
 async def commit(
@@ -157,8 +212,7 @@ async def commit(
     """Append the object record if S3's evidence agrees with the intent. A duplicate commit returns the
     original sequence. The caller publishes the wake signals after COMMIT."""
     async with conn.transaction():
-        stream = await lock_stream(conn, run_id, stream_id)
-        require(pins_of(stream).authorization, principal, "append")
+        await streams.load(conn, run_id, stream_id, lock=True, caller=principal, right="append")
         intent = await conn.fetchrow(
             "SELECT * FROM wfs_object_intents WHERE intent_id = $1 AND run_id = $2 AND stream_id = $3 FOR UPDATE",
             uuid.UUID(intent_id),
@@ -203,9 +257,9 @@ async def commit(
 async def abort(conn: asyncpg.Connection, run_id: str, stream_id: str, intent_id: str, principal: Principal) -> str:
     """Abort an uncommitted intent; its object goes to the deletion outbox. Returns the final state."""
     async with conn.transaction():
-        row = await get_intent(conn, run_id, stream_id, intent_id, principal)
+        intent = await get_intent(conn, run_id, stream_id, intent_id, principal)
         locked = await conn.fetchrow(
-            "SELECT state FROM wfs_object_intents WHERE intent_id = $1 FOR UPDATE", row["intent_id"]
+            "SELECT state FROM wfs_object_intents WHERE intent_id = $1 FOR UPDATE", uuid.UUID(intent.intent_id)
         )
         if locked["state"] == "aborted":
             return "aborted"
@@ -213,9 +267,9 @@ async def abort(conn: asyncpg.Connection, run_id: str, stream_id: str, intent_id
             raise IntentState(f"the intent is {locked['state']}; it cannot be aborted", state=locked["state"])
         await conn.execute(
             "UPDATE wfs_object_intents SET state = 'aborted', updated_at = now() WHERE intent_id = $1",
-            row["intent_id"],
+            uuid.UUID(intent.intent_id),
         )
-        await _outbox(conn, run_id, stream_id, row["region"], row["bucket"], row["object_key"], "abort")
+        await _outbox(conn, run_id, stream_id, intent.region, intent.bucket, intent.object_key, "abort")
         return "aborted"
 
 

@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import asyncpg
 
-from ..domain.authz import Action, Principal, require
+from ..domain.authz import Action, Caller, Principal
 from ..domain.cursor import Bounds, check_cursor
-from ..domain.errors import StreamNotFound
 from ..domain.pins import StreamPins
 from ..domain.placement import check_egress
-from .definitions import pins_of
+from . import streams
 
 
 @dataclass(frozen=True)
@@ -34,24 +32,21 @@ async def fetch_page(
     stream_id: str,
     after: int,
     limit: int,
-    authorize: Callable[[StreamPins], None] | None = None,
+    *,
+    caller: Caller | None = None,
+    right: Action = "read",
+    client_region: str | None = None,
 ) -> Page:
-    """Records with sequence > after, ascending. ``authorize`` sees the pins before anything else is
-    decided, so a caller without the right learns nothing, not even whether its cursor is valid.
+    """Records with sequence > after, ascending. With ``caller``, its ``right`` (and its region against
+    the egress pins) is checked on the stream row before anything else is decided, so a caller without
+    the right learns nothing, not even whether its cursor is valid; ``caller=None`` is for readers that
+    authorized this stream earlier in the same request (a subscription's later, shared pages).
     Bounds and records come from one snapshot: a concurrent prune can never become a silent gap."""
     async with conn.transaction(isolation="repeatable_read", readonly=True):
-        row = await conn.fetchrow(
-            """SELECT pins_digest, pins, last_sequence, earliest_sequence, closed_at
-               FROM wfs_streams WHERE run_id = $1 AND stream_id = $2""",
-            run_id,
-            stream_id,
-        )
-        if row is None:
-            raise StreamNotFound("no such stream")
-        pins = pins_of(row)
-        if authorize is not None:
-            authorize(pins)
-        bounds = Bounds(earliest=row["earliest_sequence"], latest=row["last_sequence"])
+        stream = await streams.load(conn, run_id, stream_id, caller=caller, right=right)
+        if caller is not None and client_region is not None:
+            check_egress(stream.pins, client_region)
+        bounds = Bounds(earliest=stream.earliest_sequence, latest=stream.last_sequence)
         check_cursor(after, bounds)
         records = await conn.fetch(
             """SELECT sequence, kind, content_type, payload, size_bytes, object, appended_at
@@ -62,7 +57,7 @@ async def fetch_page(
             after,
             limit,
         )
-        return Page(list(records), bounds, row["closed_at"] is not None, pins, row["pins_digest"])
+        return Page(list(records), bounds, stream.closed, stream.pins, stream.pins_digest)
 
 
 async def read_page(
@@ -77,12 +72,5 @@ async def read_page(
 ) -> Page:
     """``fetch_page`` for ``principal``: its right, and its region against the egress pins."""
     return await fetch_page(
-        conn, run_id, stream_id, after, limit, lambda pins: authorize(pins, principal, action, client_region)
+        conn, run_id, stream_id, after, limit, caller=principal, right=action, client_region=client_region
     )
-
-
-def authorize(pins: StreamPins, principal: Principal, action: Action, client_region: str | None) -> None:
-    """What every read checks: the principal's right, and its region against the egress pins."""
-    require(pins.authorization, principal, action)
-    if client_region is not None:
-        check_egress(pins, client_region)

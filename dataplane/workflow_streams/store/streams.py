@@ -1,0 +1,118 @@
+"""The one stream loader: a ``wfs_streams`` row as a typed value, found (and locked, and authorized) one way.
+
+Every store entry point that acts on one stream starts here, so "no such stream" is one error
+(``StreamNotFound``), rights are checked on the row the entry loads anyway (``caller``/``right``), and
+no ``asyncpg.Record`` of a stream leaves the store.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import asyncpg
+
+from ..domain.authz import Caller, Right, authorize
+from ..domain.errors import StreamNotFound
+from ..domain.pins import StreamPins
+
+# The columns a StreamRow holds, named rather than ``*`` so columns added by later migrations (retention
+# due-ness, generated pin columns) neither travel nor change what a load costs.
+COLUMNS = (
+    "run_id, stream_id, pins, pins_digest, created_at, created_by, last_sequence, appended_bytes,"
+    " earliest_sequence, pruned_bytes, closed_at, closed_by"
+)
+
+_LOAD = f"SELECT {COLUMNS} FROM wfs_streams WHERE run_id = $1 AND stream_id = $2"
+_LOAD_LOCKED = _LOAD + " FOR UPDATE"
+
+
+@dataclass(frozen=True, slots=True)
+class StreamRow:
+    """A stream's definition and durable counters as one snapshot of its row."""
+
+    run_id: str
+    stream_id: str
+    pins: StreamPins
+    pins_digest: str
+    created_at: dt.datetime
+    created_by: str
+    last_sequence: int
+    appended_bytes: int
+    earliest_sequence: int
+    pruned_bytes: int
+    closed_at: dt.datetime | None
+    closed_by: str | None
+
+    @property
+    def closed(self) -> bool:
+        return self.closed_at is not None
+
+    def authorize(self, caller: Caller, right: Right) -> None:
+        """``Forbidden`` unless the pinned authorization grants ``right`` to ``caller``."""
+        authorize(self.pins.authorization, caller, right)
+
+
+_PINS_CACHE: dict[str, StreamPins] = {}
+_PINS_CACHE_LIMIT = 10_000
+
+
+def pins_of(row: Mapping[str, Any]) -> StreamPins:
+    """Pins are immutable and ``pins_digest`` is the content address of the stored document, so the
+    pins read from it (upgraded to this release's model) are cached by digest."""
+    digest = row["pins_digest"]
+    pins = _PINS_CACHE.get(digest)
+    if pins is None:
+        if len(_PINS_CACHE) >= _PINS_CACHE_LIMIT:
+            _PINS_CACHE.clear()
+        # a dict through our pool's jsonb codec, text through a plain connection
+        pins = StreamPins.read_stored(row["pins"])
+        _PINS_CACHE[digest] = pins
+    return pins
+
+
+def row_of(row: Mapping[str, Any]) -> StreamRow:
+    """The row → value mapping, for every query that selects the stream's ``COLUMNS`` (maybe among others)."""
+    return StreamRow(
+        run_id=row["run_id"],
+        stream_id=row["stream_id"],
+        pins=pins_of(row),
+        pins_digest=row["pins_digest"],
+        created_at=row["created_at"],
+        created_by=row["created_by"],
+        last_sequence=row["last_sequence"],
+        appended_bytes=row["appended_bytes"],
+        earliest_sequence=row["earliest_sequence"],
+        pruned_bytes=row["pruned_bytes"],
+        closed_at=row["closed_at"],
+        closed_by=row["closed_by"],
+    )
+
+
+async def find(conn: asyncpg.Connection, run_id: str, stream_id: str, *, lock: bool = False) -> StreamRow | None:
+    """The stream, or None: for the few callers to whom a missing stream is not an error."""
+    row = await conn.fetchrow(_LOAD_LOCKED if lock else _LOAD, run_id, stream_id)
+    return row_of(row) if row is not None else None
+
+
+async def load(
+    conn: asyncpg.Connection,
+    run_id: str,
+    stream_id: str,
+    *,
+    lock: bool = False,
+    caller: Caller | None = None,
+    right: Right = "see",
+) -> StreamRow:
+    """The stream, or ``StreamNotFound``. ``lock`` takes its row lock (``FOR UPDATE``) for the rest of the
+    transaction. With ``caller``, ``right`` is checked on the loaded row (``Forbidden``) before anything
+    else is decided; ``caller=None`` is for internal work and for callers that authorized this very
+    stream earlier in the same request (a subscription's later pages)."""
+    stream = await find(conn, run_id, stream_id, lock=lock)
+    if stream is None:
+        raise StreamNotFound("no such stream")
+    if caller is not None:
+        stream.authorize(caller, right)
+    return stream
