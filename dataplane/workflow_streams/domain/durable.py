@@ -22,6 +22,7 @@ from typing import Any
 
 from .errors import InvalidInput, PayloadTooLarge, StreamError
 from .ids import check_id
+from .media import media_type as media_type  # the one rule; store and api/durable ask rules.media_type
 from .records import INLINE_LIMIT
 
 OFFSET_WIDTH = 20  # 2**63 - 1 has 19 digits
@@ -123,11 +124,6 @@ def stream_name(run_id: str, stream_id: str, default_run_id: str) -> str:
 
 
 # --- content types -------------------------------------------------------------------------------
-
-
-def media_type(content_type: str) -> str:
-    """What two content types are compared by: the media type, case-insensitively, without parameters."""
-    return content_type.split(";", 1)[0].strip().lower()
 
 
 def is_json_mode(content_type: str) -> bool:

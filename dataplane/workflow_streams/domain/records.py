@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import InvalidInput, InvalidJson, PayloadTooLarge
+from .media import is_json as is_json  # the one JSON rule; re-exported for the record encoders
 
 INLINE_LIMIT = 64 * 1024
 MAX_BATCH = 1000
@@ -34,11 +35,6 @@ class RecordIn:
             return len(self.payload)
         assert self.object is not None
         return int(self.object["size"])
-
-
-def is_json(content_type: str) -> bool:
-    base = content_type.split(";", 1)[0].strip().lower()
-    return base == "application/json" or base.endswith("+json")
 
 
 def encode_json(value: Any) -> bytes:

@@ -6,6 +6,7 @@ import copy
 import json
 from typing import Any
 
+from .media import is_json
 from .pins import StreamPins
 
 MASK = "***"
@@ -17,7 +18,7 @@ def loggable_payload(pins: StreamPins, payload: bytes | None, content_type: str,
         return "<object>"
     if here == pins.placement.log_region:
         return payload.decode(errors="replace")
-    if pins.redaction.strategy == "drop_payload" or not content_type.split(";")[0].strip().endswith("json"):
+    if pins.redaction.strategy == "drop_payload" or not is_json(content_type):
         return f"<redacted {len(payload)} bytes>"
     try:
         value = json.loads(payload)

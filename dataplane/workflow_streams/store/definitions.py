@@ -127,9 +127,13 @@ async def get_stream(
     return _definition(stream), await _state(conn, stream)
 
 
+# THE active-hold predicate (the view of migration 479, which retention and the object janitor ask too)
+_HELD = "SELECT EXISTS (SELECT 1 FROM wfs_active_holds WHERE run_id = $1 AND stream_id = $2)"
+
+
 async def _active_holds(conn: asyncpg.Connection, run_id: str, stream_id: str) -> list[dict[str, Any]]:
-    """The stream's active holds with who placed them and why (``wfs_active_holds`` says only whether a
-    stream is held; the listing needs each hold's columns)."""
+    """The stream's active holds with who placed them and why. ``wfs_active_holds`` says only whether a
+    stream is held; listing each hold's columns reads the unreleased rows themselves (the view's rule)."""
     holds = await conn.fetch(
         """SELECT hold_id, reason, held_by, held_at FROM wfs_legal_holds
            WHERE run_id = $1 AND stream_id = $2 AND released_at IS NULL ORDER BY held_at, hold_id""",
@@ -226,9 +230,9 @@ async def delete_stream(
         if stream is None:
             return []
         stream.authorize(caller, "close")
-        holds = await _active_holds(conn, run_id, stream_id)
-        if holds:
-            raise StreamHeld(f"{len(holds)} legal hold(s) exist; the stream cannot be deleted", holds=len(holds))
+        if await conn.fetchval(_HELD, run_id, stream_id):
+            holds = len(await _active_holds(conn, run_id, stream_id))  # for the answer only
+            raise StreamHeld(f"{holds} legal hold(s) exist; the stream cannot be deleted", holds=holds)
         queued = await conn.fetch(
             """INSERT INTO wfs_deletion_outbox (run_id, stream_id, region, bucket, object_key, reason)
                SELECT $1, $2, region, bucket, object_key, 'stream_deleted' FROM wfs_object_intents
