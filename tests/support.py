@@ -7,6 +7,7 @@ from typing import Any
 
 from aiohttp import ClientResponse
 from aiohttp.test_utils import TestClient
+from prometheus_client import REGISTRY
 
 from workflow_streams import API_PREFIX
 from workflow_streams.domain.authz import Principal
@@ -131,6 +132,12 @@ class StreamsApi:
 
     async def get(self, run: str, stream: str) -> ClientResponse:
         return await self.client.get(self.url(run, stream), headers=self.headers)
+
+
+def metric(name: str, **labels: str) -> float:
+    """A sample of this process's Prometheus registry, where the in-process test apps count (0 if unset).
+    Counters are process-wide: compare with a value read earlier in the same test, never with a constant."""
+    return REGISTRY.get_sample_value(name, labels) or 0.0
 
 
 async def problem(resp: ClientResponse, status: int, code: str) -> dict[str, Any]:

@@ -53,8 +53,7 @@ async def test_subscribe_survives_a_server_restart(database_url: str, replica: R
         for value in range(1, total + 1):
             await client.append("run", "s", value)
             if value == total // 2:
-                current.stop()  # the subscription drops with the server
-                await asyncio.sleep(0.5)
+                current.stop()  # the subscription drops with the server; down until the next one is ready
                 current = Replica(database_url, tmp_path / "replica.log", port=replica.port, WFS_REGION="eu-west-1")
                 async with aiohttp.ClientSession() as session:
                     await current.ready(session)
@@ -64,20 +63,24 @@ async def test_subscribe_survives_a_server_restart(database_url: str, replica: R
 
 
 async def test_backpressure_is_honoured(replica: Replica) -> None:
-    async with StreamsClient(replica.base, "tok-alice", max_wait=30) as client:
-        await client.create_stream("run", "bp", pins(credit={"max_unread_items": 2, "max_unread_bytes": 10_000}))
-        await client.append("run", "bp", 1, 2)
+    told_to_wait: list[tuple[float, str]] = []
 
-        async def ack_later() -> None:
-            await asyncio.sleep(1.5)
+    async def retry_wait(seconds: float, reason: str) -> None:
+        # the client's own wait between retries: note what the server said, then free credit once
+        told_to_wait.append((seconds, reason))
+        if len(told_to_wait) == 1:
             await client.ack("run", "bp", "consumer", 2)
 
-        acker = asyncio.create_task(ack_later())
-        started = asyncio.get_running_loop().time()
+    async with StreamsClient(replica.base, "tok-alice", max_wait=30, retry_wait=retry_wait) as client:
+        await client.create_stream("run", "bp", pins(credit={"max_unread_items": 2, "max_unread_bytes": 10_000}))
+        await client.append("run", "bp", 1, 2)
         result = await client.append("run", "bp", 3)  # 429 + Retry-After until the ack lands
         assert result.sequences == [3]
-        assert asyncio.get_running_loop().time() - started >= 1.0
-        await acker
+    # refused first, and the wait was the server's Retry-After, not the client's own back-off
+    assert len(told_to_wait) == 1, told_to_wait
+    seconds, reason = told_to_wait[0]
+    assert "429 backpressure" in reason, reason
+    assert seconds == 1.0  # Retry-After as the server sent it
 
     async with StreamsClient(replica.base, "tok-alice", max_wait=1.5) as impatient:
         await impatient.append("run", "bp", 4)

@@ -7,7 +7,8 @@ from typing import Any
 
 import asyncpg
 
-from tests.support import StreamsApi, problem
+from tests.support import StreamsApi, metric, problem
+from tests.waiting import eventually
 from workflow_streams.api.app import create_app
 
 
@@ -61,8 +62,10 @@ async def test_block_policy_waits_for_an_ack(api: StreamsApi) -> None:
         },
     )
     await api.append("r", "s", 1)
+    waits = metric("wfs_credit_waits_total")
     blocked = asyncio.create_task(api.append("r", "s", 2))
-    await asyncio.sleep(0.5)
+    # the server counts an append as it starts waiting for credit: it was refused and is now waiting
+    await eventually(lambda: metric("wfs_credit_waits_total") > waits, message="the append never waited")
     assert not blocked.done(), "the append must wait while the unread ceiling is reached"
     await api.ack("r", "s", "c", 1)
     resp = await asyncio.wait_for(blocked, timeout=5)
@@ -82,11 +85,10 @@ async def test_block_policy_times_out_with_429(api: StreamsApi) -> None:
         },
     )
     await api.append("r", "s", 1)
-    loop = asyncio.get_running_loop()
-    started = loop.time()
+    waits = metric("wfs_credit_waits_total")
     resp = await api.append("r", "s", 2)
     await problem(resp, 429, "backpressure")
-    assert loop.time() - started >= 0.3
+    assert metric("wfs_credit_waits_total") > waits, "it waited for credit before answering 429"
     assert "Retry-After" in resp.headers
 
 
@@ -126,8 +128,9 @@ async def test_credit_is_shared_across_replicas(
     )
     await api.append("r", "s", 1)
     await other.append("r", "s", 2)
+    waits = metric("wfs_credit_waits_total")
     blocked = asyncio.create_task(api.append("r", "s", 3))
-    await asyncio.sleep(0.3)
+    await eventually(lambda: metric("wfs_credit_waits_total") > waits, message="the append never waited")
     assert not blocked.done()
     # the ack arrives at the other replica; the blocked replica is woken through Postgres
     await other.ack("r", "s", "c", 2)

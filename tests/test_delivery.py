@@ -10,6 +10,7 @@ import asyncpg
 import pytest
 
 from tests.support import StreamsApi, problem
+from tests.waiting import eventually
 from tests.waitservice import WaitService, first_occurrences
 from workflow_streams.api.app import create_app
 from workflow_streams.domain.delivery import event_id
@@ -44,7 +45,12 @@ async def test_input_records_are_delivered_in_order_with_stable_ids(
     await api.append("run-1", "in", 2, 3, 4)
     await api.append("run-1", "out", "not delivered")
     await wait_service.wait_for(lambda: len(wait_service.events) >= 4)
-    await asyncio.sleep(0.3)
+
+    async def all_marked_delivered() -> bool:
+        # a delivered row is never sent again: once all four are marked, nothing more can arrive
+        return await db.fetchval("SELECT count(*) FROM wfs_input_deliveries WHERE state = 'delivered'") == 4
+
+    await eventually(all_marked_delivered, message="deliveries not marked delivered")
     assert wait_service.sequences("run-1", "in") == [1, 2, 3, 4]
     assert wait_service.sequences("run-1", "out") == []
     first = wait_service.events[0]
@@ -102,14 +108,23 @@ async def test_permanent_failure_blocks_the_stream_until_requeued(
     await api.create("run-1", "in", direction="input", content_class="user_input")
     await api.append("run-1", "in", 1, 2, 3)
     await wait_service.wait_for(lambda: wait_service.sequences("run-1", "in") == [1])
-    for _ in range(100):
+
+    async def failed_status() -> Any:
         status = await (await api.client.get(api.url("run-1", "in", "/deliveries"), headers=api.headers)).json()
-        if status["counts"]["failed"]:
-            break
-        await asyncio.sleep(0.05)
+        return status if status["counts"]["failed"] else None
+
+    status = await eventually(failed_status, message="delivery 2 never failed")
     assert status["counts"] == {"pending": 1, "delivered": 1, "failed": 1}
     assert status["failed"][0]["sequence"] == 2 and status["failed"][0]["last_error"] == "HTTP 422"
-    await asyncio.sleep(0.5)
+    # a later delivery on another stream, its claim released: the dispatcher has finished a whole pass
+    # since the failure, a pass in which 3 would have gone out if the failed 2 did not block it
+    await api.create("run-1", "later", direction="input", content_class="user_input")
+    await api.append("run-1", "later", "after the failure")
+    await wait_service.wait_for(lambda: wait_service.sequences("run-1", "later") == [1])
+    await eventually(
+        lambda: db.fetchval("SELECT count(*) = 0 FROM wfs_worker_claims WHERE worker_kind = 'dispatch'"),
+        message="the dispatcher's pass never ended",
+    )
     assert wait_service.sequences("run-1", "in") == [1], "3 must not overtake the failed 2"
 
     broken = False

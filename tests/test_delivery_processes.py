@@ -13,6 +13,7 @@ import pytest
 
 from tests.replica import Replica
 from tests.support import ALICE, pins
+from tests.waiting import eventually
 from tests.waitservice import WaitService, first_occurrences
 from workflow_streams import API_PREFIX
 from workflow_streams.domain.delivery import event_id
@@ -47,21 +48,28 @@ async def _setup_streams(session: aiohttp.ClientSession, base: str) -> None:
             assert resp.status == 201, await resp.text()
 
 
+async def _post_until_accepted(
+    session: aiohttp.ClientSession, url: str, body: dict[str, Any], headers: dict[str, str]
+) -> None:
+    """Retry through 503s and dropped connections (a replica or Postgres going away), same key every time."""
+
+    async def accepted() -> bool:
+        try:
+            async with session.post(url, json=body, headers=headers) as resp:
+                assert resp.status in (200, 201, 503), await resp.text()
+                return resp.status != 503
+        except aiohttp.ClientError:
+            return False
+
+    await eventually(accepted, within=30, interval=0.1, message=f"{url} never accepted the append")
+
+
 async def _append_all(session: aiohttp.ClientSession, base: str) -> None:
     async def one_stream(stream: str) -> None:
         for start in range(1, PER_STREAM + 1, 10):
             body = {"records": [{"data": {"n": n}} for n in range(start, start + 10)]}
             url = f"{base}{API_PREFIX}/runs/run-1/streams/{stream}/records"
-            for _ in range(100):
-                headers = {**ALICE, "Idempotency-Key": f"{stream}-{start}"}
-                try:
-                    async with session.post(url, json=body, headers=headers) as resp:
-                        if resp.status in (200, 201):
-                            break
-                        assert resp.status == 503, await resp.text()
-                except aiohttp.ClientError:
-                    pass
-                await asyncio.sleep(0.1)
+            await _post_until_accepted(session, url, body, {**ALICE, "Idempotency-Key": f"{stream}-{start}"})
 
     await asyncio.gather(*(one_stream(s) for s in STREAMS))
 

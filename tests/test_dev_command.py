@@ -18,6 +18,7 @@ import yaml
 
 from tests.devproc import DevProcess
 from tests.support import pins
+from tests.waiting import eventually
 from tests.waitservice import WaitService
 from workflow_streams.local.kube import binaries_present
 from workflow_streams.local.minio import minio_binary
@@ -34,14 +35,17 @@ def dev_pins(**overrides: Any) -> dict[str, Any]:
 
 
 async def eventually_json(session: aiohttp.ClientSession, url: str, headers: dict[str, str], check: Any) -> Any:
-    deadline = asyncio.get_running_loop().time() + 60
-    while True:
+    last: list[Any] = []
+
+    async def checked() -> Any:
         async with session.get(url, headers=headers) as resp:
-            body = await resp.json()
-        if check(body):
-            return body
-        assert asyncio.get_running_loop().time() < deadline, body
-        await asyncio.sleep(0.2)
+            last[:] = [await resp.json()]
+        return last[0] if check(last[0]) else None
+
+    try:
+        return await eventually(checked, within=60, interval=0.2)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; last answer: {last}") from None
 
 
 async def test_dev_is_the_whole_product(tmp_path: Path) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import os
 from typing import Any
@@ -12,6 +11,7 @@ import pytest
 from botocore.exceptions import ClientError
 
 from tests.support import ObjectsApi, StreamsApi, problem
+from tests.waiting import eventually
 from workflow_streams.api.app import create_app
 
 MiB = 1024 * 1024
@@ -28,13 +28,6 @@ async def api(aiohttp_client: Any, database_url: str, settings_for: Any, s3_regi
 async def exists(s3: Any, key: str) -> bool:
     listing = await s3.list_object_versions(Bucket=s3.bucket, Prefix=key)
     return any(v["Key"] == key for v in listing.get("Versions", []))
-
-
-async def eventually(predicate: Any, seconds: float = 15.0) -> None:
-    deadline = asyncio.get_running_loop().time() + seconds
-    while not await predicate():
-        assert asyncio.get_running_loop().time() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.1)
 
 
 async def test_full_lifecycle_multipart(api: StreamsApi, s3: Any, db: asyncpg.Connection) -> None:
@@ -179,8 +172,21 @@ async def test_legal_hold_blocks_pruning_and_s3_delete(api: StreamsApi, s3: Any,
     await objs.commit(during["intent_id"])
     await api.append("r", "s", "inline too")
 
-    await asyncio.sleep(1.0)  # several pruner and janitor sweeps
-    assert await db.fetchval("SELECT count(*) FROM wfs_records") == 3, "the hold stops pruning"
+    # an unheld stream with the same retention, its object superseded after the hold was placed: once the
+    # pruner has dropped its record and the janitor its object, both have swept since the hold
+    await api.create("r", "control", retention={"max_records": 1})
+    control = ObjectsApi(api, "r", "control")
+    unheld = await (await control.prepare(b"not held", "c")).json()
+    await control.upload(unheld["intent_id"], b"not held")
+    await control.commit(unheld["intent_id"])
+    await api.append("r", "control", "supersedes it")
+
+    async def control_swept() -> bool:
+        return not await exists(s3, unheld["object_key"])
+
+    await eventually(control_swept, message="the pruner and janitor never swept the unheld stream")
+    held_records = "SELECT count(*) FROM wfs_records WHERE stream_id = 's'"
+    assert await db.fetchval(held_records) == 3, "the hold stops pruning"
     for key in (before["object_key"], during["object_key"]):
         hold = await s3.get_object_legal_hold(Bucket=s3.bucket, Key=key)
         assert hold["LegalHold"]["Status"] == "ON"
@@ -197,4 +203,4 @@ async def test_legal_hold_blocks_pruning_and_s3_delete(api: StreamsApi, s3: Any,
         return not await exists(s3, before["object_key"]) and not await exists(s3, during["object_key"])
 
     await eventually(released)
-    assert await db.fetchval("SELECT count(*) FROM wfs_records") == 1
+    assert await db.fetchval(held_records) == 1

@@ -8,7 +8,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ import yaml
 
 from tests.controlplane import ControlPlane
 from tests.support import ObjectsApi, StreamsApi
+from tests.waiting import eventually
 from workflow_streams.api.app import create_app
 from workflow_streams.local.process import Process, workflow_streams
 from workflow_streams.objectstore import RegionConfig
@@ -130,16 +130,19 @@ def condition(kube: ControlPlane, namespace: str, kind_name: str, type_: str) ->
     return next((c for c in json.loads(out).get("status", {}).get("conditions", []) if c["type"] == type_), None)
 
 
-def wait_condition(
+async def wait_condition(
     kube: ControlPlane, namespace: str, kind_name: str, type_: str, status: str = "True", seconds: float = 60
 ) -> dict[str, Any]:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
+    def matching() -> dict[str, Any] | None:
         found = condition(kube, namespace, kind_name, type_)
-        if found is not None and found["status"] == status:
-            return found
-        time.sleep(0.3)
-    raise AssertionError(f"{kind_name} never had {type_}={status}: {condition(kube, namespace, kind_name, type_)}")
+        return found if found is not None and found["status"] == status else None
+
+    return await eventually(
+        lambda: asyncio.to_thread(matching),
+        within=seconds,
+        interval=0.3,
+        message=f"{kind_name} never had {type_}={status}",
+    )
 
 
 async def policy_sids(s3: Any) -> set[str]:
@@ -156,7 +159,7 @@ async def test_stream_reconciles_to_ready(
     kube: ControlPlane, namespace: str, operator: Operator, db: asyncpg.Connection, s3: Any
 ) -> None:
     apply(kube, namespace, stream_manifest("answers", "run-1", "answers"))
-    ready = await asyncio.to_thread(wait_condition, kube, namespace, "wfs/answers", "Ready")
+    ready = await wait_condition(kube, namespace, "wfs/answers", "Ready")
     assert ready["reason"] == "Reconciled" and ready["observedGeneration"] == 1
     for type_ in ("DefinitionSynced", "BucketPolicySynced"):
         assert condition(kube, namespace, "wfs/answers", type_)["status"] == "True"
@@ -194,9 +197,9 @@ async def test_stored_pins_reconcile_without_conflict(
         manifest["spec"]["pins"] = fixture["spec_pins"]
         apply(kube, namespace, manifest)
     for name, fixture in fixtures.items():
-        synced = await asyncio.to_thread(wait_condition, kube, namespace, f"wfs/{name}", "DefinitionSynced")
+        synced = await wait_condition(kube, namespace, f"wfs/{name}", "DefinitionSynced")
         assert synced["reason"] == "UpToDate", synced
-        await asyncio.to_thread(wait_condition, kube, namespace, f"wfs/{name}", "Ready")
+        await wait_condition(kube, namespace, f"wfs/{name}", "Ready")
         status = json.loads(kube.kubectl("get", "-n", namespace, f"wfs/{name}", "-o", "json").stdout)["status"]
         assert status["pinsDigest"] == fixture["pins_digest"]
         row = await db.fetchrow("SELECT pins, pins_digest, created_by FROM wfs_streams WHERE stream_id = $1", name)
@@ -249,7 +252,7 @@ async def test_cli_hold_waits_until_applied_and_release_until_released(
     kube: ControlPlane, namespace: str, operator: Operator, db: asyncpg.Connection
 ) -> None:
     apply(kube, namespace, stream_manifest("audited", "run-cli", "audited"))
-    await asyncio.to_thread(wait_condition, kube, namespace, "wfs/audited", "Ready")
+    await wait_condition(kube, namespace, "wfs/audited", "Ready")
     hold = ("hold", "audited", "-n", namespace, "--matter", "M-7", "--reason", "audit", "--requested-by", "l@x")
     placed = await asyncio.to_thread(cli, *hold, kube=kube)
     assert placed.returncode == 0, placed.stderr
@@ -293,7 +296,7 @@ async def test_hold_blocks_pruning_s3_delete_and_stream_deletion(
     s3_regions: Any,
 ) -> None:
     apply(kube, namespace, stream_manifest("evidence", "run-9", "evidence"))
-    await asyncio.to_thread(wait_condition, kube, namespace, "wfs/evidence", "Ready")
+    await wait_condition(kube, namespace, "wfs/evidence", "Ready")
     api = StreamsApi(
         await aiohttp_client(
             create_app(settings_for(database_url, s3_regions=s3_regions, janitor_interval_seconds=0.2))
@@ -304,17 +307,16 @@ async def test_hold_blocks_pruning_s3_delete_and_stream_deletion(
     await api.append("run-9", "evidence", "later")
 
     apply(kube, namespace, hold_manifest("matter-1", "evidence"))
-    await asyncio.to_thread(wait_condition, kube, namespace, "wfhold/matter-1", "Applied")
+    await wait_condition(kube, namespace, "wfhold/matter-1", "Applied")
     hold = await db.fetchrow("SELECT hold_id, reason, held_by FROM wfs_legal_holds")
     assert hold["held_by"] == "compliance@example.com" and hold["reason"] == "matter m-1: litigation"
     assert await prune_stream(db, "run-9", "evidence") == 0, "the hold stops pruning"
     assert (await s3.get_object_legal_hold(Bucket=s3.bucket, Key=key))["LegalHold"]["Status"] == "ON"
-    await asyncio.to_thread(wait_condition, kube, namespace, "wfs/evidence", "LegalHold")
+    await wait_condition(kube, namespace, "wfs/evidence", "LegalHold")
 
     kube.kubectl("delete", "-n", namespace, "wfs/evidence", "--wait=false")
-    deleting = await asyncio.to_thread(wait_condition, kube, namespace, "wfs/evidence", "Deleting", "False")
-    assert deleting["reason"] == "LegalHold"
-    await asyncio.sleep(1)
+    deleting = await wait_condition(kube, namespace, "wfs/evidence", "Deleting", "False")
+    assert deleting["reason"] == "LegalHold"  # the operator's delete handler ran and declined
     assert kube.kubectl("get", "-n", namespace, "wfs/evidence", check=False).returncode == 0, "held: it stays"
     assert await db.fetchval("SELECT count(*) FROM wfs_streams") == 1
 
@@ -323,10 +325,9 @@ async def test_hold_blocks_pruning_s3_delete_and_stream_deletion(
     def stream_gone() -> bool:
         return kube.kubectl("get", "-n", namespace, "wfs/evidence", check=False).returncode != 0
 
-    deadline = time.monotonic() + 60
-    while not await asyncio.to_thread(stream_gone):
-        assert time.monotonic() < deadline, "the stream was never deleted after the release"
-        await asyncio.sleep(0.3)
+    await eventually(
+        lambda: asyncio.to_thread(stream_gone), within=60, message="the stream was never deleted after the release"
+    )
     assert await db.fetchval("SELECT count(*) FROM wfs_streams") == 0
     assert statement_id("run-9", "evidence") not in await policy_sids(s3), "its bucket policy statement is gone"
 
@@ -334,10 +335,7 @@ async def test_hold_blocks_pruning_s3_delete_and_stream_deletion(
         listing = await s3.list_object_versions(Bucket=s3.bucket, Prefix=key)
         return not listing.get("Versions")
 
-    deadline = time.monotonic() + 30
-    while not await object_deleted():
-        assert time.monotonic() < deadline, "the deleted stream's object stayed in S3"
-        await asyncio.sleep(0.2)
+    await eventually(object_deleted, within=30, message="the deleted stream's object stayed in S3")
 
 
 async def test_restarted_operator_converges(
@@ -346,10 +344,9 @@ async def test_restarted_operator_converges(
     for i in range(4):
         apply(kube, namespace, stream_manifest(f"s{i}", "run-r", f"s{i}"))
     operator.kill()  # mid-reconcile: some streams are done, some not, maybe one half-way
-    await asyncio.sleep(0.5)
     operator.start()
     for i in range(4):
-        await asyncio.to_thread(wait_condition, kube, namespace, f"wfs/s{i}", "Ready")
+        await wait_condition(kube, namespace, f"wfs/s{i}", "Ready")
     assert await db.fetchval("SELECT count(*) FROM wfs_streams WHERE run_id = 'run-r'") == 4
 
 
@@ -393,18 +390,25 @@ async def test_standby_replica_takes_over(
     standby = Operator(kube, namespace, database_url, s3_regions, tmp_path / "standby.log")
     active.env["WFS_OPERATOR_PRIORITY"], standby.env["WFS_OPERATOR_PRIORITY"] = "200", "100"
     active.start()
-    await asyncio.sleep(2)
+    assert active.process is not None
+    # the active one has won the peering before the standby appears; the standby is watching, paused
+    await asyncio.to_thread(active.process.wait_for_output, "Resuming operations after the pause")
     standby.start()
+    assert standby.process is not None
     try:
+        await asyncio.to_thread(standby.process.wait_for_output, "Initial authentication has finished")
         apply(kube, namespace, stream_manifest("first", "run-ha", "first"))
-        await asyncio.to_thread(wait_condition, kube, namespace, "wfs/first", "Ready")
-        await asyncio.sleep(1)
+        await wait_condition(kube, namespace, "wfs/first", "Ready")
+        # a later event of the active one, its 2 s hold-report timer after the reconcile: a working standby
+        # would have reconciled the stream by then too
+        later = r"reconcile_stream' succeeded[\s\S]*Timer 'report_legal_hold' succeeded"
+        await asyncio.to_thread(active.process.wait_for_output, later)
         assert "reconcile_stream' succeeded" in active.log_path.read_text()
         assert "reconcile_stream' succeeded" not in standby.log_path.read_text(), "the standby must not work"
 
         active.kill()
         apply(kube, namespace, stream_manifest("second", "run-ha", "second"))
-        await asyncio.to_thread(wait_condition, kube, namespace, "wfs/second", "Ready", "True", 90)
+        await wait_condition(kube, namespace, "wfs/second", "Ready", "True", 90)
         assert "reconcile_stream' succeeded" in standby.log_path.read_text()
         assert await db.fetchval("SELECT count(*) FROM wfs_streams WHERE run_id = 'run-ha'") == 2
     finally:

@@ -12,7 +12,8 @@ import pytest
 from aiohttp import ClientPayloadError
 from aiohttp.test_utils import TestClient
 
-from tests.support import BOB, EVE, SseReader, StreamsApi, credit, problem
+from tests.support import BOB, EVE, SseReader, StreamsApi, credit, metric, problem
+from tests.waiting import eventually
 from workflow_streams.api.app import create_app
 from workflow_streams.domain.wakes import RECORDS, Signal
 from workflow_streams.store import notify
@@ -87,7 +88,7 @@ async def test_heartbeats_while_idle(aiohttp_client: Any, database_url: str, set
     resp = await subscribe(api, "r", "s")
     reader = SseReader(resp)
     reader_task = asyncio.create_task(reader.next())
-    await asyncio.sleep(0.5)
+    await eventually(lambda: reader.comments.count("heartbeat") >= 2, message="fewer than 2 heartbeats")
     assert reader.comments.count("heartbeat") >= 2
     await api.append("r", "s", 1)
     event = await reader_task
@@ -119,11 +120,10 @@ async def test_skipped_wake_is_recorded_as_gap_evidence(api: StreamsApi, db: asy
     assert await events.records(2) == [1, 2]
     # a wake that announces sequence 5 when 3 is next: notifications 3..4 were missed
     await notify.send(db, [Signal(RECORDS, "r", "s", 5, 5)], sender="test")
-    for _ in range(100):
-        row = await db.fetchrow("SELECT expected_sequence, observed_sequence, detected_by FROM wfs_gap_evidence")
-        if row:
-            break
-        await asyncio.sleep(0.05)
+    row = await eventually(
+        lambda: db.fetchrow("SELECT expected_sequence, observed_sequence, detected_by FROM wfs_gap_evidence"),
+        message="no gap evidence recorded",
+    )
     assert row is not None and tuple(row) == (3, 5, "sse")
     await api.append("r", "s", 3)
     assert await events.records(1) == [3], "the subscriber keeps following from Postgres"
@@ -178,7 +178,11 @@ async def test_slow_subscriber_is_cut_off_not_buffered(
     resp = await subscribe(api, "r", "s", after=0)
     reader = SseReader(resp)
     assert await reader.records(1) == [1]
-    await asyncio.sleep(2.0)  # stop reading: socket buffers fill and the server's write stalls
+    # stop reading: socket buffers fill, the server's write stalls, and the server ends the subscription
+    open_while_reading = metric("wfs_subscriptions_open")
+    await eventually(
+        lambda: metric("wfs_subscriptions_open") < open_while_reading, message="the stalled subscriber stays open"
+    )
     got = [1]
     with contextlib.suppress(ClientPayloadError):  # the cut-off: the chunked body never completes
         while (event := await reader.next(seconds=10)) is not None:

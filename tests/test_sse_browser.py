@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import shutil
 from typing import Any
 
@@ -76,10 +75,12 @@ async def test_browser_reconnects_with_last_event_id(aiohttp_client: Any, databa
             await api.append("r", "s", *range(5, 8))
             await api.append("r", "s", 8, 9)
             await page.wait_for_function("window.opens >= 2 && window.received.length >= 10", timeout=15_000)
-            await asyncio.sleep(0.5)  # anything duplicated would arrive now
+            # one record more: the connection is ordered, so a duplicate of 1..10 would arrive before it
+            await api.append("r", "s", 11)
+            await page.wait_for_function("window.received.includes(11)", timeout=15_000)
 
             received = await page.evaluate("window.received")
-            assert received == list(range(1, 11)), received
+            assert received == list(range(1, 12)), received
             assert resume_ids == [None, "5"], f"one reconnect, resuming after the last id: {resume_ids}"
         finally:
             await browser.close()

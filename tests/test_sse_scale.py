@@ -12,6 +12,7 @@ import asyncpg
 import pytest
 
 from tests.support import ALICE, SseReader, StreamsApi
+from tests.waiting import eventually
 from workflow_streams.api.app import create_app
 from workflow_streams.localpg import LocalPostgres
 from workflow_streams.store.migrate import apply_migrations
@@ -31,16 +32,16 @@ async def _follow(session: aiohttp.ClientSession, url: str, count: int) -> list[
 async def _append_retrying(api: StreamsApi, value: int) -> None:
     """A producer that survives the restart: same Idempotency-Key on every retry."""
     key = f"p-{value}"
-    for _ in range(200):
+
+    async def appended() -> bool:
         try:
             resp = await api.append("r", "s", value, key=key)
         except aiohttp.ClientError:
-            resp = None
-        if resp is not None and resp.status in (200, 201):
-            return
-        assert resp is None or resp.status == 503, await resp.text()
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"append {value} never succeeded")
+            return False
+        assert resp.status in (200, 201, 503), await resp.text()
+        return resp.status != 503
+
+    await eventually(appended, within=30, interval=0.1, message=f"append {value} never succeeded")
 
 
 async def test_postgres_restart_under_load(aiohttp_client: Any, own_pg: LocalPostgres, settings_for: Any) -> None:

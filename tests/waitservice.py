@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
 
+from tests.waiting import eventually
 from workflow_streams.localpg import free_port
 
 Behaviour = Callable[[dict[str, Any], int], Awaitable[int]]
@@ -53,10 +53,7 @@ class WaitService:
         return [e["sequence"] for e in self.events if (e["run_id"], e["stream_id"]) == (run, stream)]
 
     async def wait_for(self, predicate: Callable[[], bool], seconds: float = 60.0) -> None:
-        deadline = asyncio.get_running_loop().time() + seconds
-        while not predicate():
-            assert asyncio.get_running_loop().time() < deadline, f"not reached; {len(self.events)} events"
-            await asyncio.sleep(0.05)
+        await eventually(predicate, within=seconds, message=f"not reached; {len(self.events)} events so far")
 
 
 def first_occurrences(sequences: list[int]) -> list[int]:
