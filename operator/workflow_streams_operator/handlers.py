@@ -9,10 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import json
 import logging
-import os
-import random
 from collections.abc import Mapping
 from typing import Any
 
@@ -20,7 +17,6 @@ import kopf
 import prometheus_client
 from botocore.exceptions import BotoCoreError, ClientError
 
-from workflow_streams.config import parse_regions
 from workflow_streams.domain.authz import Trusted
 from workflow_streams.domain.errors import NotFound, PinsConflict, StreamError, StreamHeld
 from workflow_streams.domain.pins import parse_pins
@@ -34,6 +30,7 @@ from workflow_streams.store.retention import is_held
 from . import bucketpolicy
 from .conditions import set_condition
 from .convert import pins_from_spec
+from .settings import OperatorSettings
 
 GROUP, VERSION = "workflowstreams.dev", "v1alpha1"
 STREAMS, HOLDS = "workflowstreams", "streamlegalholds"
@@ -48,26 +45,28 @@ HOLDS_APPLIED = prometheus_client.Counter("wfs_operator_holds_total", "Legal hol
 
 @kopf.on.startup()
 async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
+    # every setting is read once, here; handlers use memo.settings and never os.environ
+    config = memo.settings = OperatorSettings.from_env()
     # HA: every replica peers; only the highest priority one handles events, the others stand by
-    settings.peering.name = os.environ.get("WFS_OPERATOR_PEERING", "workflow-streams")
-    settings.peering.clusterwide = not os.environ.get("WFS_OPERATOR_NAMESPACE")
+    settings.peering.name = config.peering_name
+    settings.peering.clusterwide = config.namespace is None
     settings.peering.mandatory = True
-    settings.peering.priority = int(os.environ.get("WFS_OPERATOR_PRIORITY", random.randint(1, 1_000_000)))
-    settings.peering.lifetime = int(os.environ.get("WFS_OPERATOR_PEERING_LIFETIME", "30"))
+    settings.peering.priority = config.peering_priority
+    settings.peering.lifetime = config.peering_lifetime
     settings.persistence.finalizer = "workflowstreams.dev/finalizer"
     settings.posting.level = logging.WARNING
     settings.watching.server_timeout = 60
-    memo.pool = await create_pool(os.environ["WFS_DATABASE_URL"], min_size=1, max_size=5)
-    regions = parse_regions(os.environ["WFS_S3_REGIONS"]) if os.environ.get("WFS_S3_REGIONS") else {}
+    memo.pool = await create_pool(config.shared.database_url, min_size=1, max_size=5)
+    regions = dict(config.shared.s3_regions)
     memo.store = None
     if regions:
         memo.store = ObjectStore(regions)
         await memo.store.open()
-    memo.region_cidrs = json.loads(os.environ.get("WFS_REGION_CIDRS", "{}"))
     memo.bucket_locks = collections.defaultdict(asyncio.Lock)
-    metrics_port = int(os.environ.get("WFS_OPERATOR_METRICS_PORT", "8081"))
-    if metrics_port:
-        prometheus_client.start_http_server(metrics_port)
+    # (run_id, stream_id) -> set when the stream's hold state may have changed (report_legal_hold)
+    memo.hold_changes = collections.defaultdict(asyncio.Event)
+    if config.metrics_port:
+        prometheus_client.start_http_server(config.metrics_port)
     logger.info("operator ready: %d object regions", len(regions))
 
 
@@ -109,7 +108,7 @@ async def reconcile_stream(
 
     try:
         pins = parse_pins(pins_from_spec(spec["pins"]))
-        check_metadata_home(pins, os.environ.get("WFS_METADATA_REGION") or None)
+        check_metadata_home(pins, memo.settings.shared.metadata_region)
         async with memo.pool.acquire() as conn:
             definition, created = await definitions.create_definition(conn, run_id, stream_id, pins, Trusted(OPERATOR))
     except (PinsConflict, StreamError) as exc:
@@ -135,6 +134,7 @@ async def reconcile_stream(
     mark("BucketPolicySynced", True, "Applied", f"residency statement on {synced} bucket(s)")
     mark("Ready", True, "Reconciled", "definition and bucket policies are in place")
     RECONCILES.labels("workflowstream", "ready").inc()
+    memo.hold_changes[(run_id, stream_id)].set()  # (re)defined: report its hold state afresh
 
 
 async def _sync_bucket_policies(
@@ -147,7 +147,9 @@ async def _sync_bucket_policies(
         bucket = store.bucket(region)  # ObjectRegionUnavailable if this region has no store
         async with memo.bucket_locks[bucket]:
             policy = await store.bucket_policy(region)
-            statement = bucketpolicy.stream_statement(bucket, run_id, stream_id, egress_regions, memo.region_cidrs)
+            statement = bucketpolicy.stream_statement(
+                bucket, run_id, stream_id, egress_regions, memo.settings.shared.region_cidrs
+            )
             await store.put_bucket_policy(region, bucketpolicy.with_statement(policy, statement))
     return len(object_regions)
 
@@ -188,23 +190,60 @@ async def delete_stream(
                 logger.warning("could not remove the bucket policy statement in %s: %s", region, exc)
 
 
-@kopf.timer(GROUP, VERSION, STREAMS, interval=2, idle=0)
+# How often a stream's hold state is re-read when nothing announced a change: holds placed through the
+# HTTP API are seen by then. The operator's own hold and release writes, and each reconcile, report at
+# once (memo.hold_changes), so the steady cost is one small query per stream per interval, not per 2 s.
+HOLD_REPORT_SECONDS = 60.0
+
+
+@kopf.timer(GROUP, VERSION, STREAMS, interval=0.5, idle=0)
 async def report_legal_hold(
-    spec: kopf.Spec, status: kopf.Status, meta: kopf.Meta, patch: kopf.Patch, memo: kopf.Memo, **_: Any
+    spec: kopf.Spec,
+    status: kopf.Status,
+    meta: kopf.Meta,
+    patch: kopf.Patch,
+    memo: kopf.Memo,
+    **kwargs: Any,
 ) -> None:
-    """Mirror the stream's hold state into its LegalHold condition (holds are separate objects)."""
+    """Mirror the stream's hold state into its LegalHold condition (holds are separate objects).
+
+    Each run first waits for news: an announced change (the operator's own hold/release of this stream,
+    or its reconcile) or ``HOLD_REPORT_SECONDS`` of quiet. Kopf applies the patch when the run returns.
+    """
+    stopped: kopf.DaemonStopped = kwargs["stopped"]  # timers get it as daemons do; TimerFn does not name it
+    key = (spec["runId"], spec["streamId"])
+    changed: asyncio.Event = memo.hold_changes[key]
+    if _current_condition(status) is not None and not await _news(changed, stopped):
+        return  # stopping: the stream is being deleted or the operator is shutting down
+    changed.clear()
     try:
         async with memo.pool.acquire() as conn:
-            held = await is_held(conn, spec["runId"], spec["streamId"])
+            held = await is_held(conn, key[0], key[1])
     except DB_UNAVAILABLE:
         return
     conditions = _conditions(status)
-    current = next((c for c in conditions if c.get("type") == "LegalHold"), None)
+    current = _current_condition(status)
     if current is None or current.get("status") != ("True" if held else "False"):
         message = "a legal hold stops pruning and deletion" if held else "no legal hold"
         patch.status["conditions"] = set_condition(
             conditions, "LegalHold", held, "Held" if held else "NotHeld", message, meta.get("generation")
         )
+
+
+def _current_condition(status: kopf.Status) -> dict[str, Any] | None:
+    return next((c for c in _conditions(status) if c.get("type") == "LegalHold"), None)
+
+
+async def _news(changed: asyncio.Event, stopped: kopf.DaemonStopped) -> bool:
+    """Wait until ``changed`` is set or the report interval passed: True; False once ``stopped``."""
+    news = asyncio.ensure_future(changed.wait())
+    stop = asyncio.ensure_future(stopped.wait(HOLD_REPORT_SECONDS))
+    try:
+        await asyncio.wait({news, stop}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        news.cancel()
+        stop.cancel()
+    return not stopped
 
 
 def _hold_target(spec: kopf.Spec, namespace: str | None, stream_ids: kopf.Index[Any, Any]) -> tuple[str, str]:
@@ -247,6 +286,7 @@ async def place_hold(
     except (*DB_UNAVAILABLE, *S3_ERRORS) as exc:
         raise kopf.TemporaryError(f"hold not yet applied: {exc}", delay=RETRY_SECONDS) from None
     HOLDS_APPLIED.labels("place").inc()
+    memo.hold_changes[(run_id, stream_id)].set()
     patch.status["conditions"] = set_condition(
         [], "Applied", True, "Held", f"stream {run_id}/{stream_id} is held", meta.get("generation")
     )
@@ -275,6 +315,7 @@ async def release_hold(
         return
     except (*DB_UNAVAILABLE, *S3_ERRORS) as exc:
         raise kopf.TemporaryError(f"hold not yet released: {exc}", delay=RETRY_SECONDS) from None
+    memo.hold_changes[(ids[0], ids[1])].set()
 
 
 def _reason(code: str) -> str:
@@ -285,7 +326,8 @@ def _reason(code: str) -> str:
 def run() -> None:
     """``workflow-streams operator``: all namespaces, or only ``WFS_OPERATOR_NAMESPACE``; peering for HA."""
     kopf.configure(verbose=False)
-    namespace = os.environ.get("WFS_OPERATOR_NAMESPACE")
+    # before Kopf starts: which namespaces to watch is decided at run(), ahead of the start-up handler
+    namespace = OperatorSettings.from_env().namespace
     if namespace:
         kopf.run(namespaces=[namespace])
     else:
