@@ -53,6 +53,7 @@ def decide(credit: Credit, usage: Usage, items: int, size: int) -> Verdict:
 def base_sequence(min_ack: int | None, earliest_sequence: int) -> int:
     """Unread starts after the slowest consumer's ack; pruned records are no longer unread.
 
-    With no consumer registered, every retained record counts as unread.
+    With no consumer registered, every retained record counts as unread. Queries over many streams use
+    its SQL writing, ``store.usage.base_sequence`` (tests/test_unread_rule.py holds the two together).
     """
     return max(min_ack or 0, earliest_sequence - 1)
