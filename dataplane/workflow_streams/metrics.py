@@ -15,7 +15,16 @@ SUBSCRIPTIONS_OPEN = Gauge("wfs_subscriptions_open", "Open SSE subscriptions on 
 SUBSCRIPTION_EVENTS = Counter("wfs_subscription_events_total", "Record events sent to subscribers")
 CREDIT_WAITS = Counter("wfs_credit_waits_total", "Appends that waited for credit (block policy)")
 CREDIT_REJECTIONS = Counter("wfs_credit_rejections_total", "Appends refused for backpressure or quota", ["reason"])
-BACKLOG_ITEMS = Gauge("wfs_backlog_unread_items", "Unread items over all streams (sampled)")
+BACKLOG_ITEMS = Gauge(
+    "wfs_backlog_unread_items",
+    "Unread items over all streams, as of the sampler's last full rolling pass (workers/metrics_sampler.py)",
+)
+# the top offenders only: a bounded label set (at most BACKLOG_TOP_N series), never one series per stream
+BACKLOG_TOP = Gauge(
+    "wfs_backlog_top_unread_items", "Unread items of the streams with the most (top 10)", ["run_id", "stream_id"]
+)
+BACKLOG_STREAMS = Gauge("wfs_backlog_streams_sampled", "Streams the sampler's last full pass covered")
+RETENTION_DUE = Gauge("wfs_retention_due_streams", "Streams due for pruning now (from the due index)")
 OUTBOX_PENDING = Gauge("wfs_delivery_outbox_pending", "Input deliveries not yet delivered")
 OUTBOX_LAG = Gauge("wfs_delivery_outbox_lag_seconds", "Age of the oldest pending input delivery")
 DELIVERIES = Counter("wfs_deliveries_total", "Delivery attempts to the wait service", ["outcome"])
