@@ -5,11 +5,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import socket
 from typing import Any
 
 import asyncpg
 import pytest
-from aiohttp import ClientPayloadError
+from aiohttp import ClientPayloadError, TCPConnector
 from aiohttp.test_utils import TestClient
 
 from tests.support import BOB, EVE, SseReader, StreamsApi, credit, metric, problem
@@ -169,7 +170,18 @@ async def test_slow_subscriber_is_cut_off_not_buffered(
     from workflow_streams.api import subscribe as sse
 
     monkeypatch.setattr(sse, "WRITE_TIMEOUT_SECONDS", 0.5)
-    client: TestClient = await aiohttp_client(create_app(settings_for(database_url)))
+
+    def small_receive_buffer(addr_info: Any) -> socket.socket:
+        # a fixed, small receive buffer (no autotuning up to tens of MB), so that a reader that stops
+        # reading stalls the server's write whatever the machine's TCP settings
+        family, type_, proto, _, _ = addr_info
+        sock = socket.socket(family, type_, proto)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
+        return sock
+
+    client: TestClient = await aiohttp_client(
+        create_app(settings_for(database_url)), connector=TCPConnector(socket_factory=small_receive_buffer)
+    )
     api = StreamsApi(client)
     await api.create("r", "s")
     big = "x" * 60_000

@@ -140,6 +140,7 @@ def create_app(settings: Settings) -> web.Application:
     app[subscribe.SUBSCRIPTIONS] = collections.Counter()
     app.on_shutdown.append(subscribe.close_open_streams)
     app.cleanup_ctx.append(resources)
+    app.cleanup_ctx.append(subscribe.cut_stalled)
     app.router.add_get("/healthz", _health)
     app.router.add_get("/readyz", _ready)
     app.router.add_get("/metrics", _metrics)

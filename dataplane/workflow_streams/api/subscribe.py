@@ -13,16 +13,19 @@ import collections
 import contextlib
 import json
 import logging
+import time
 import weakref
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import asyncpg
 from aiohttp import web
+from aiohttp.abc import AbstractStreamWriter
 
 from .. import metrics
-from ..domain.authz import Principal
+from ..domain.authz import Principal, require
 from ..domain.cursor import parse_cursor
 from ..domain.errors import InvalidInput, StreamError, StreamNotFound, TooManySubscriptions
+from ..domain.placement import check_egress
 from ..runtime import wakes
 from ..runtime.reads import SharedPage, SharedReads
 from ..store import gaps, reads
@@ -43,6 +46,8 @@ WRITE_TIMEOUT_SECONDS = 30.0
 SUBSCRIPTIONS = web.AppKey("workflow_streams_subscriptions", collections.Counter[str])
 # handler tasks of open subscriptions, cancelled on shutdown
 OPEN_STREAMS = web.AppKey("workflow_streams_open_sse", weakref.WeakSet[asyncio.Task[object]])
+# the responses of open subscriptions, watched for stalled writes
+EVENT_STREAMS = web.AppKey("workflow_streams_event_streams", weakref.WeakSet["_EventStream"])
 
 
 def _resume_cursor(request: web.Request) -> int:
@@ -54,14 +59,58 @@ def _resume_cursor(request: web.Request) -> int:
 
 
 class _EventStream(web.StreamResponse):
-    """A streaming response whose every write is bounded: a stalled reader is cut off, not buffered."""
+    """A streaming response whose writes are watched: a reader that stops taking bytes is cut off, not
+    buffered. No timer per write (on Python 3.11 ``wait_for`` costs a task per call, and a fan-out to
+    1,000 subscribers makes thousands of writes a second): one watchdog per app (``cut_stalled``) looks
+    at the writes still waiting for the socket and aborts the connections of those waiting too long."""
+
+    write_started: float | None = None  # monotonic time the pending write began; None when idle
+    stalled = False
+    _transport: asyncio.Transport | None = None
+
+    async def prepare(self, request: web.BaseRequest) -> AbstractStreamWriter | None:
+        self._transport = request.transport
+        return await super().prepare(request)
 
     async def send(self, chunk: bytes) -> None:
-        # A fast path without wait_for (writes that cannot block) made the slow-subscriber test hang
-        # when run after the others; kept out until understood (see issue 13's notes).
-        # wait_for rather than asyncio.timeout: a timeout that cancels the handler task itself while
-        # aiohttp drains the socket left a stalled subscriber hanging (test_slow_subscriber...)
-        await asyncio.wait_for(self.write(chunk), WRITE_TIMEOUT_SECONDS)
+        if self.stalled:
+            raise TimeoutError("subscriber stopped reading")
+        self.write_started = time.monotonic()
+        try:
+            await self.write(chunk)  # returns at once unless the socket's buffers are full
+        finally:
+            self.write_started = None
+        if self.stalled:  # cut off while this write waited: what it buffered went with the connection
+            raise TimeoutError("subscriber stopped reading")
+
+    def cut_off(self) -> None:
+        """Abort the connection: the waiting write returns, and the handler ends (see ``send``)."""
+        self.stalled = True
+        if self._transport is not None:
+            self._transport.abort()
+
+
+async def cut_stalled(app: web.Application) -> AsyncIterator[None]:
+    """The watchdog of every open event stream (an aiohttp cleanup context)."""
+    streams: weakref.WeakSet[_EventStream] = weakref.WeakSet()
+    app[EVENT_STREAMS] = streams
+
+    async def watch() -> None:
+        while True:
+            # read each round, so a test can shorten it
+            timeout = WRITE_TIMEOUT_SECONDS
+            await asyncio.sleep(min(1.0, timeout / 4))
+            now = time.monotonic()
+            for stream in list(streams):
+                started = stream.write_started
+                if started is not None and now - started > timeout and not stream.stalled:
+                    stream.cut_off()
+
+    task = asyncio.create_task(watch(), name="wfs-sse-stall-watchdog")
+    yield
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
 
 
 @routes.get(STREAM + "/subscribe")
@@ -138,6 +187,7 @@ async def _start_event_stream(request: web.Request) -> _EventStream:
         }
     )
     await response.prepare(request)
+    request.config_dict[EVENT_STREAMS].add(response)
     task = asyncio.current_task()
     if task is not None:
         request.config_dict[OPEN_STREAMS].add(task)
@@ -149,14 +199,25 @@ async def _start_event_stream(request: web.Request) -> _EventStream:
 async def _first_page(
     request: web.Request, principal: Principal, run_id: str, stream_id: str, after: int
 ) -> SharedPage:
-    """The backfill, read after the watch was registered, with the caller's rights checked first (a
-    caller without rights learns nothing, not even whether its cursor is valid)."""
+    """The backfill, shared with subscribers connecting at the same cursor (a burst of connections is
+    one read per stream), then authorized for this caller. A read that fails is repeated unshared with
+    the caller's rights checked first, so a caller without rights learns nothing, not even whether its
+    cursor is valid."""
     app = state_of(request)
-    async with app.pool.acquire() as conn:
-        page = await reads.read_page(
-            conn, run_id, stream_id, after, PAGE, principal, "subscribe", client_region_of(request)
-        )
-    return SharedPage(page)
+    region = client_region_of(request)
+    try:
+        # join no read older than this watch: a commit announced before the watch existed would never
+        # be signalled to us, so the read must have started after it (runtime/reads.py)
+        shared = await app.shared_reads.page(run_id, stream_id, after, PAGE, app.hub.clock)
+    except StreamError:
+        async with app.pool.acquire() as conn:
+            await reads.read_page(conn, run_id, stream_id, after, PAGE, principal, "subscribe", region)
+        raise  # not reached unless the stream changed between the two reads
+    # what read_page checks first, checked here on the shared page's pins
+    require(shared.page.pins.authorization, principal, "subscribe")
+    if region is not None:
+        check_egress(shared.page.pins, region)
+    return shared
 
 
 async def _deliver(response: _EventStream, shared: SharedPage, last: int) -> int:
