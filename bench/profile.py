@@ -1,0 +1,109 @@
+"""Profile the server under one load case: ``python -m bench.profile {append,sse} [--out DIR] [flags]``.
+
+Starts its own PostgreSQL and one ``workflow-streams serve`` process (one worker, so one process to
+sample), drives it with wfs-loadgen, and records the server with py-spy (``--idle`` off: only on-CPU
+time) over the measured window. Writes ``profile.collapsed`` (py-spy's collapsed stacks, for any flame
+graph tool) and ``top.txt`` (the hottest functions, by own time and including callees) into --out, and
+prints the top lines.
+
+Examples::
+
+    python -m bench.profile sse --subscribers 1000 --streams 1 --rate 20
+    python -m bench.profile append --streams 1000 --conns 32
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import os
+import signal
+import subprocess
+import tempfile
+import uuid
+from pathlib import Path
+
+from bench import generator
+from bench.harness import PREFIX, TOKEN, Server, pins, start_postgres
+
+
+def _pyspy() -> str:
+    here = Path(os.environ.get("VIRTUAL_ENV", "")) / "bin" / "py-spy"
+    return str(here) if here.exists() else "py-spy"
+
+
+def top_functions(collapsed: Path, count: int = 25) -> str:
+    """Own and inclusive sample counts per function from py-spy's collapsed stacks."""
+    own: collections.Counter[str] = collections.Counter()
+    inclusive: collections.Counter[str] = collections.Counter()
+    total = 0
+    for line in collapsed.read_text().splitlines():
+        stack, _, n = line.rpartition(" ")
+        samples = int(n)
+        frames = stack.split(";")
+        total += samples
+        own[frames[-1]] += samples
+        for frame in set(frames):
+            inclusive[frame] += samples
+    lines = [f"{total} samples", "", "own time:"]
+    lines += [f"  {100 * n / total:5.1f}%  {f}" for f, n in own.most_common(count)]
+    lines += ["", "including callees:"]
+    lines += [f"  {100 * n / total:5.1f}%  {f}" for f, n in inclusive.most_common(count)]
+    return "\n".join(lines)
+
+
+async def main(args: argparse.Namespace) -> None:
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    pg = await start_postgres()
+    server = Server(pg.dsn, out / "server.log", workers=1)
+    try:
+        await server.ready()
+        base = server.url + PREFIX
+        run = f"p-{uuid.uuid4().hex[:8]}"
+        await generator.run("create", base, TOKEN, run=run, streams=args.streams, create=pins())
+        collapsed = out / "profile.collapsed"
+        spy: list[subprocess.Popen[bytes]] = []
+
+        target = ["--pid", str(server.process.pid), "--nonblocking"]
+
+        def on_phase(phase: str) -> None:
+            if phase in ("appending", "measuring") and not spy:
+                spy.append(
+                    subprocess.Popen(
+                        [_pyspy(), "record", "--format", "raw", "-o", str(collapsed), "-r", "200", *target],
+                        stdout=subprocess.DEVNULL,
+                        stderr=subprocess.DEVNULL,
+                    )
+                )
+
+        flags: dict[str, object] = {"run": run, "streams": args.streams, "duration": f"{args.seconds}s"}
+        if args.mode == "sse":
+            flags |= {"subscribers": args.subscribers, "rate": args.rate}
+        else:
+            flags |= {"conns": args.conns, "warmup": "1s"}
+        report = await generator.run(args.mode, base, TOKEN, on_phase=on_phase, **flags)
+        for proc in spy:
+            proc.send_signal(signal.SIGINT)
+            proc.wait(30)
+        print({k: report[k] for k in report if k in ("latency_ms", "cpu_share", "requests_ok", "connect_seconds")})
+        if collapsed.exists():
+            top = top_functions(collapsed)
+            (out / "top.txt").write_text(top + "\n")
+            print(top)
+    finally:
+        server.stop()
+        pg.stop()
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("mode", choices=("append", "sse"))
+    parser.add_argument("--streams", type=int, default=1)
+    parser.add_argument("--subscribers", type=int, default=1000)
+    parser.add_argument("--rate", type=float, default=20)
+    parser.add_argument("--conns", type=int, default=32)
+    parser.add_argument("--seconds", type=int, default=10)
+    parser.add_argument("--out", default=tempfile.mkdtemp(prefix="wfs-profile-"))
+    asyncio.run(main(parser.parse_args()))
