@@ -17,6 +17,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from .. import API_PREFIX, metrics, payloadlog
 from ..config import Settings
 from ..objectstore import ObjectStore
+from ..runtime.fanout import Fanout
 from ..runtime.group_commit import GroupCommit
 from ..runtime.listen_notify import ListenNotify
 from ..runtime.reads import SharedReads
@@ -107,7 +108,9 @@ def create_app(settings: Settings) -> web.Application:
             await store.open()
         reviewer = TokenReviewer(settings.kube_auth) if settings.kube_auth else None
         authenticator = TokenAuthenticator(settings.tokens, reviewer)
-        app[STATE] = AppState(settings, pool, hub, authenticator, SharedReads(pool, hub), GroupCommit(pool, hub), store)
+        shared_reads = SharedReads(pool, hub)
+        fanout = Fanout(hub, shared_reads, subscribe.PAGE, subscribe.gap_recorder(pool))
+        app[STATE] = AppState(settings, pool, hub, authenticator, shared_reads, GroupCommit(pool, hub), fanout, store)
         tasks = []
         tasks.append(asyncio.create_task(run_sampler(pool, settings.metrics_sample_seconds)))
         if store is not None and settings.janitor_interval_seconds > 0:
@@ -122,6 +125,7 @@ def create_app(settings: Settings) -> web.Application:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        await fanout.close()
         await hub.stop()
         if reviewer is not None:
             await reviewer.close()

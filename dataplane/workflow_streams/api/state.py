@@ -10,6 +10,7 @@ from aiohttp import web
 from ..config import Settings
 from ..domain.authz import Principal
 from ..objectstore import ObjectStore
+from ..runtime.fanout import Fanout
 from ..runtime.group_commit import GroupCommit
 from ..runtime.reads import SharedReads
 from ..runtime.wakes import WakeHub
@@ -24,6 +25,7 @@ class AppState:
     authenticator: TokenAuthenticator
     shared_reads: SharedReads
     appends: GroupCommit
+    fanout: Fanout
     objects: ObjectStore | None = None
 
 

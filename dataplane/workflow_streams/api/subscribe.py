@@ -15,10 +15,10 @@ import json
 import logging
 import time
 import weakref
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 
 import asyncpg
-from aiohttp import web
+from aiohttp import HttpVersion11, web
 from aiohttp.abc import AbstractStreamWriter
 
 from .. import metrics
@@ -41,6 +41,9 @@ PAGE = 500
 RECONNECT_MS = 1000
 # a client that does not take a page within this time is cut off; it resumes with Last-Event-ID
 WRITE_TIMEOUT_SECONDS = 30.0
+# the fan-out writes to a subscriber only while its socket's buffer stays under this; beyond it, the
+# subscriber's own task writes (and a stall is cut off by the watchdog)
+_OFFER_BUFFER_BYTES = 256 * 1024
 
 # open subscriptions per principal name
 SUBSCRIPTIONS = web.AppKey("workflow_streams_subscriptions", collections.Counter[str])
@@ -67,10 +70,31 @@ class _EventStream(web.StreamResponse):
     write_started: float | None = None  # monotonic time the pending write began; None when idle
     stalled = False
     _transport: asyncio.Transport | None = None
+    _chunked = False  # HTTP/1.1 chunked body: the fan-out may write framed chunks itself
 
     async def prepare(self, request: web.BaseRequest) -> AbstractStreamWriter | None:
         self._transport = request.transport
+        if request.version >= HttpVersion11:
+            self.enable_chunked_encoding()
+            self._chunked = True
         return await super().prepare(request)
+
+    @property
+    def can_offer(self) -> bool:
+        return self._chunked and self._transport is not None
+
+    def offer(self, chunk: bytes) -> bool:
+        """Write ``chunk`` now, without waiting, if the socket takes it: True if written. This is the
+        fan-out's write (runtime/fanout.py): no task, no timer. It frames the chunk as aiohttp's writer
+        does for the chunked body it started (``enable_chunked_encoding`` in ``_start_event_stream``);
+        the bytes go to the same transport in order with every other write of this response."""
+        transport = self._transport
+        if transport is None or self.stalled or transport.is_closing():
+            return False
+        if transport.get_write_buffer_size() + len(chunk) > _OFFER_BUFFER_BYTES:
+            return False  # backed up: the subscriber's own task writes, with the stall watchdog
+        transport.writelines((b"%x\r\n" % len(chunk), chunk, b"\r\n"))
+        return True
 
     async def send(self, chunk: bytes) -> None:
         if self.stalled:
@@ -139,9 +163,21 @@ async def subscribe(request: web.Request) -> web.StreamResponse:
                     if page.closed and last >= page.bounds.latest:
                         await response.send(_close_event(last))
                         break
-                    if not await _await_news(response, wake, ends_at, settings.sse_heartbeat_seconds):
-                        break  # rebalance: the client reconnects (maybe elsewhere) with Last-Event-ID
-                    await _note_gap(app.pool, run_id, stream_id, wake, last)
+                    if response.can_offer:
+                        # the stream's fan-out writes to us until it cannot; then we go on alone
+                        live = _Live(response, last, page.pins_digest)
+                        app.fanout.join(run_id, stream_id, live)
+                        try:
+                            still_open = await _await_detach(response, live, ends_at, settings.sse_heartbeat_seconds)
+                        finally:
+                            app.fanout.leave(run_id, stream_id, live)
+                        last = live.last
+                        if not still_open:
+                            break  # rebalance: the client reconnects (maybe elsewhere) with Last-Event-ID
+                    else:
+                        if not await _await_news(response, wake, ends_at, settings.sse_heartbeat_seconds):
+                            break
+                        await _note_gap(app.pool, run_id, stream_id, wake, last)
                 # clear, then take the generation: a signal after this point sets the flag again
                 wake.clear()
                 woken_at = app.hub.generation(run_id, stream_id)
@@ -236,6 +272,61 @@ def _error_event(exc: StreamError) -> bytes:
 
 def _close_event(last: int) -> bytes:
     return f"event: close\ndata: {json.dumps({'last_sequence': last})}\n\n".encode()
+
+
+class _Live:
+    """This subscription as a follower of its stream's fan-out (runtime/fanout.Follower)."""
+
+    __slots__ = ("_response", "detached", "last", "pins_digest")
+
+    def __init__(self, response: _EventStream, last: int, pins_digest: str) -> None:
+        self._response = response
+        self.last = last
+        self.pins_digest = pins_digest
+        self.detached = asyncio.Event()
+
+    def offer(self, chunk: bytes, count: int) -> bool:
+        if not self._response.offer(chunk):
+            return False
+        metrics.SUBSCRIPTION_EVENTS.inc(count)
+        return True
+
+    def detach(self) -> None:
+        self.detached.set()
+
+
+async def _await_detach(response: _EventStream, live: _Live, ends_at: float, heartbeat: float) -> bool:
+    """While the fan-out serves us: heartbeats when idle. True once detached, False when time is up."""
+    loop = asyncio.get_running_loop()
+    while True:
+        remaining = ends_at - loop.time()
+        if remaining <= 0:
+            return False
+        try:
+            async with asyncio.timeout(min(heartbeat, remaining)):
+                await live.detached.wait()
+            return True
+        except TimeoutError:
+            await response.send(b": heartbeat\n\n")
+
+
+def gap_recorder(pool: asyncpg.Pool) -> Callable[[str, str, int, int], None]:
+    """The fan-out's report of skipped wakes, recorded as gap evidence in the background."""
+    pending: set[asyncio.Task[None]] = set()
+
+    async def record(run_id: str, stream_id: str, expected: int, observed: int) -> None:
+        try:
+            async with pool.acquire() as conn:
+                await gaps.record_gap(conn, run_id, stream_id, expected, observed, detected_by="sse")
+        except DB_UNAVAILABLE as exc:
+            log.warning("could not record gap evidence: %s", exc)
+
+    def report(run_id: str, stream_id: str, expected: int, observed: int) -> None:
+        task = asyncio.create_task(record(run_id, stream_id, expected, observed))
+        pending.add(task)
+        task.add_done_callback(pending.discard)
+
+    return report
 
 
 async def _await_news(response: _EventStream, wake: wakes.Wake, ends_at: float, heartbeat: float) -> bool:
