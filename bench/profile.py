@@ -69,7 +69,7 @@ async def main(args: argparse.Namespace) -> None:
         target = ["--pid", str(server.process.pid), "--nonblocking"]
 
         def on_phase(phase: str) -> None:
-            if phase in ("appending", "measuring") and not spy:
+            if phase in (args.phase, "measuring") and not spy:
                 spy.append(
                     subprocess.Popen(
                         [_pyspy(), "record", "--format", "raw", "-o", str(collapsed), "-r", "200", *target],
@@ -105,5 +105,8 @@ if __name__ == "__main__":
     parser.add_argument("--rate", type=float, default=20)
     parser.add_argument("--conns", type=int, default=32)
     parser.add_argument("--seconds", type=int, default=10)
+    parser.add_argument(
+        "--phase", default="appending", help="sse: start recording at this phase (connecting or appending)"
+    )
     parser.add_argument("--out", default=tempfile.mkdtemp(prefix="wfs-profile-"))
     asyncio.run(main(parser.parse_args()))
