@@ -75,6 +75,7 @@ async def test_outbox_row_commits_with_the_record(api: StreamsApi, db: asyncpg.C
     assert [(r["sequence"], r["event_id"]) for r in rows] == [(s, event_id("run-1", "in", s)) for s in (1, 2)]
 
 
+@pytest.mark.slow  # eight failed attempts with real timeouts and back-off
 async def test_failures_and_timeouts_back_off_then_deliver(
     api: StreamsApi, wait_service: WaitService, db: asyncpg.Connection
 ) -> None:

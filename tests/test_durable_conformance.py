@@ -26,6 +26,7 @@ PROJECT = REPO / "conformance"
 EXPECTED = PROJECT / "expected-failures.txt"
 # the suite's long-poll tests wait this long for a 204; the server answers after LONG_POLL_SECONDS
 LONG_POLL_SECONDS = 3
+pytestmark = pytest.mark.slow  # a serve process and the npm suite under node: a minute or more
 
 
 def _npm_ci() -> None:

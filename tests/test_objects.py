@@ -14,6 +14,7 @@ from tests.support import ObjectsApi, StreamsApi, problem
 from tests.waiting import eventually
 from workflow_streams.api.app import create_app
 
+pytestmark = pytest.mark.slow  # MinIO
 MiB = 1024 * 1024
 
 
@@ -136,7 +137,9 @@ async def test_expired_intents_are_cleaned_up(api: StreamsApi, s3: Any, db: asyn
     assert await exists(s3, intent["object_key"])
 
     async def cleaned() -> bool:
-        return not await exists(s3, intent["object_key"])
+        # the janitor deletes the object, then marks its outbox row: wait for both
+        deleted = await db.fetchval("SELECT deleted_at IS NOT NULL FROM wfs_deletion_outbox")
+        return bool(deleted) and not await exists(s3, intent["object_key"])
 
     await eventually(cleaned)
     assert await db.fetchval("SELECT state FROM wfs_object_intents") == "expired"

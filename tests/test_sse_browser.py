@@ -13,7 +13,10 @@ from workflow_streams.api.app import create_app
 from workflow_streams.api.subscribe import close_open_streams
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="Debian chromium is not installed (scripts/bootstrap)")
+pytestmark = [
+    pytest.mark.slow,  # starts Chromium
+    pytest.mark.skipif(CHROMIUM is None, reason="Debian chromium is not installed (scripts/bootstrap)"),
+]
 
 PAGE = """<!doctype html>
 <title>subscriber</title>
