@@ -7,7 +7,7 @@ from typing import Any
 
 import asyncpg
 
-from tests.support import StreamsApi, metric, problem
+from tests.support import StreamsApi, credit, metric, problem
 from tests.waiting import eventually
 from workflow_streams.api.app import create_app
 
@@ -51,16 +51,7 @@ async def test_batch_larger_than_the_ceiling_is_refused_outright(api: StreamsApi
 
 
 async def test_block_policy_waits_for_an_ack(api: StreamsApi) -> None:
-    await api.create(
-        "r",
-        "s",
-        credit={
-            "max_unread_items": 1,
-            "max_unread_bytes": 10_000,
-            "policy": "block",
-            "block_timeout_ms": 10_000,
-        },
-    )
+    await api.create("r", "s", credit=credit(1, "block", block_timeout_ms=10_000))
     await api.append("r", "s", 1)
     waits = metric("wfs_credit_waits_total")
     blocked = asyncio.create_task(api.append("r", "s", 2))
@@ -74,16 +65,7 @@ async def test_block_policy_waits_for_an_ack(api: StreamsApi) -> None:
 
 
 async def test_block_policy_times_out_with_429(api: StreamsApi) -> None:
-    await api.create(
-        "r",
-        "s",
-        credit={
-            "max_unread_items": 1,
-            "max_unread_bytes": 10_000,
-            "policy": "block",
-            "block_timeout_ms": 300,
-        },
-    )
+    await api.create("r", "s", credit=credit(1, "block", block_timeout_ms=300))
     await api.append("r", "s", 1)
     waits = metric("wfs_credit_waits_total")
     resp = await api.append("r", "s", 2)
