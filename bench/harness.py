@@ -110,8 +110,11 @@ def process_tree(root: int) -> dict[int, list[str]]:
 
 
 def process_tree_cpu(root: int) -> float:
-    """CPU seconds (user + system) of ``root`` and its live descendants."""
-    return sum(int(f[11]) + int(f[12]) for f in process_tree(root).values()) / _TICKS  # fields 14, 15
+    """CPU seconds (user + system) of ``root`` and its descendants, dead ones included: a process that
+    exited (a Postgres backend whose connection closed) took its CPU with it from the live sum, which
+    made a window's figure negative; once reaped, its time is in its parent's cutime/cstime."""
+    # fields 14, 15: utime, stime; 16, 17: cutime, cstime (children waited for)
+    return sum(int(f[11]) + int(f[12]) + int(f[13]) + int(f[14]) for f in process_tree(root).values()) / _TICKS
 
 
 def process_tree_rss(root: int) -> int:
