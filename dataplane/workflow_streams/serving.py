@@ -6,23 +6,35 @@ own pool, group commit and wake source; they meet only in Postgres, exactly like
 machines do. The parent only supervises: it forwards SIGTERM/SIGINT, and if a worker dies it stops
 the others and exits with that worker's status, so the pod restarts whole rather than limping along.
 Workers die with the parent (PR_SET_PDEATHSIG), so a killed parent never leaves orphans serving.
+
+A scrape of ``/metrics`` lands on any worker, so the parent gives them prometheus_client's multiprocess
+mode: a private directory, named in ``PROMETHEUS_MULTIPROC_DIR`` before the workers start, where each
+worker keeps its values and from which any worker answers for all (see ``metrics.py``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import dataclasses
+import fcntl
 import logging
 import multiprocessing
 import multiprocessing.connection
 import os
+import shutil
 import signal
 import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
 from types import FrameType
 
 from aiohttp import web
+from prometheus_client.multiprocess import mark_process_dead
 
 from .config import Settings
+from .metrics import MULTIPROC_DIR_ENV
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +43,11 @@ log = logging.getLogger(__name__)
 LISTEN_BACKLOG = 4096
 
 _PR_SET_PDEATHSIG = 1
+
+# memory-backed, and writable in a container whose root filesystem is read-only (the chart's)
+_SHM = Path("/dev/shm")
+_METRICS_DIR_PREFIX = "wfs-metrics-"
+_METRICS_LOCK = ".lock"  # held by the parent while it lives: an unlocked directory is a dead parent's
 
 
 def worker_count(settings: Settings) -> int:
@@ -43,6 +60,13 @@ def serve(settings: Settings) -> int:
     if workers == 1:
         _run(settings, reuse_port=False)
         return 0
+    with _multiprocess_metrics() as metrics_dir:
+        return _supervise(settings, workers, metrics_dir)
+
+
+def _supervise(settings: Settings, workers: int, metrics_dir: Path | None) -> int:
+    # spawn: the workers inherit os.environ as it is now, PROMETHEUS_MULTIPROC_DIR included, and import
+    # prometheus_client afresh, so their metrics are born in multiprocess mode
     context = multiprocessing.get_context("spawn")  # a clean interpreter: no inherited event loop
     processes = [
         context.Process(target=_worker, args=(settings, os.getpid()), name=f"wfs-serve-{i}", daemon=False)
@@ -69,12 +93,65 @@ def serve(settings: Settings) -> int:
         multiprocessing.connection.wait([p.sentinel for p in remaining])
         for process in [p for p in remaining if not p.is_alive()]:
             remaining.remove(process)
+            if metrics_dir is not None and process.pid is not None:
+                # its live gauges stop counting (prometheus_client leaves this function untyped)
+                mark_process_dead(process.pid, str(metrics_dir))  # type: ignore[no-untyped-call]
             code = process.exitcode or 0
             if not stopping:
                 log.error("worker %s exited with status %s; stopping the others", process.pid, code)
                 status = code or 1
                 forward(signal.SIGTERM, None)
     return status
+
+
+@contextlib.contextmanager
+def _multiprocess_metrics() -> Iterator[Path | None]:
+    """A fresh private directory in ``PROMETHEUS_MULTIPROC_DIR`` while the workers run; removed after.
+
+    Directories that dead parents left (killed before they could remove theirs) are removed first.
+    Without a writable place the workers serve with metrics of their own, as before, and say so."""
+    base = _SHM if _SHM.is_dir() and os.access(_SHM, os.W_OK | os.X_OK) else Path(tempfile.gettempdir())
+    _remove_abandoned(base)
+    try:
+        directory = Path(tempfile.mkdtemp(prefix=_METRICS_DIR_PREFIX, dir=base))
+    except OSError as exc:
+        log.warning("no directory for multiprocess metrics (%s): each worker's /metrics speaks for itself", exc)
+        yield None
+        return
+    previous = os.environ.get(MULTIPROC_DIR_ENV)
+    lock = -1
+    try:
+        # locked before it takes its name, so another parent's sweep never finds it unlocked
+        lock = os.open(directory / f"{_METRICS_LOCK}.new", os.O_CREAT | os.O_RDWR, 0o600)
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        os.rename(directory / f"{_METRICS_LOCK}.new", directory / _METRICS_LOCK)
+        os.environ[MULTIPROC_DIR_ENV] = str(directory)
+        yield directory
+    finally:
+        if previous is None:
+            os.environ.pop(MULTIPROC_DIR_ENV, None)
+        else:
+            os.environ[MULTIPROC_DIR_ENV] = previous
+        shutil.rmtree(directory, ignore_errors=True)
+        if lock >= 0:
+            os.close(lock)
+
+
+def _remove_abandoned(base: Path) -> None:
+    for directory in base.glob(f"{_METRICS_DIR_PREFIX}*"):
+        try:
+            if directory.stat().st_uid != os.getuid():
+                continue
+            lock = os.open(directory / _METRICS_LOCK, os.O_RDWR)
+        except OSError:  # not ours, gone, or not locked yet (its parent is starting): leave it
+            continue
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            continue  # a live parent holds it
+        finally:
+            os.close(lock)
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 def _worker(settings: Settings, parent: int) -> None:

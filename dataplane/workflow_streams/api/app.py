@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from .. import API_PREFIX, metrics, payloadlog
 from ..config import Settings
@@ -57,7 +57,8 @@ async def metrics_middleware(request: web.Request, handler: Any) -> web.StreamRe
 
 
 async def _metrics(request: web.Request) -> web.Response:
-    return web.Response(body=generate_latest(), headers={"Content-Type": CONTENT_TYPE_LATEST})
+    # of every worker under `serve --workers N` (metrics.exposition), else of this process
+    return web.Response(body=metrics.exposition(), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
 async def _health(request: web.Request) -> web.Response:

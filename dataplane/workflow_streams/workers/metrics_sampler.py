@@ -84,9 +84,7 @@ async def sample_backlog(conn: asyncpg.Connection, state: BacklogPass, slice_siz
         total, streams, top = state.complete
         metrics.BACKLOG_ITEMS.set(total)
         metrics.BACKLOG_STREAMS.set(streams)
-        metrics.BACKLOG_TOP.clear()
-        for unread, run_id, stream_id in top:
-            metrics.BACKLOG_TOP.labels(run_id, stream_id).set(unread)
+        metrics.BACKLOG_TOP.set(top)
 
 
 async def sample(pool: asyncpg.Pool, state: BacklogPass) -> None:
