@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import base64
 import json
+from collections.abc import Sequence
 from typing import Any
 
 import asyncpg
 
+from .domain.cursor import Bounds
 from .domain.records import is_json
-from .store.reads import Page
 
 
 def record_json(row: asyncpg.Record) -> dict[str, Any]:
@@ -57,14 +58,13 @@ def record_bytes(row: asyncpg.Record) -> bytes:
     return head + b',"data_base64":"' + base64.b64encode(row["payload"]) + b'"}'
 
 
-def page_bytes(page: Page, after: int) -> bytes:
+def page_bytes(records: Sequence[asyncpg.Record], next_after: int, bounds: Bounds, closed: bool) -> bytes:
     """The read response body."""
-    next_after = page.next_after if page.next_after is not None else after
     tail = (
-        f'],"next_after":{next_after},"earliest":{page.bounds.earliest},"latest":{page.bounds.latest},'
-        f'"closed":{"true" if page.closed else "false"}}}'
+        f'],"next_after":{next_after},"earliest":{bounds.earliest},"latest":{bounds.latest},'
+        f'"closed":{"true" if closed else "false"}}}'
     )
-    return b'{"records":[' + b",".join(record_bytes(r) for r in page.records) + tail.encode()
+    return b'{"records":[' + b",".join(record_bytes(r) for r in records) + tail.encode()
 
 
 def sse_event(row: asyncpg.Record) -> bytes:

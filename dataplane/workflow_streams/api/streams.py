@@ -129,7 +129,9 @@ async def read(request: web.Request) -> web.Response:
             conn, run_id, stream_id, after, limit, principal, "read", client_region_of(request)
         )
     metrics.READ_RECORDS.inc(len(page.records))
-    return web.Response(body=wire.page_bytes(page, after), content_type="application/json")
+    next_after = page.next_after if page.next_after is not None else after
+    body = wire.page_bytes(page.records, next_after, page.bounds, page.closed)
+    return web.Response(body=body, content_type="application/json")
 
 
 @routes.post(STREAM + "/consumers/{consumer_id}/ack")

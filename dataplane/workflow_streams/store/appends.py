@@ -115,20 +115,30 @@ FOR UPDATE OF s
 
 # The slowest consumer's ack and the cumulative bytes through it. That record is retained whenever the
 # ack is what decides the base (domain.credit.base_sequence); otherwise the pruned bytes are used.
+# Both lookups are per key (a correlated subquery, an aggregate): written as a join, the plan cached for
+# the prepared statement once chose a hash join over a sequential scan of wfs_records, planned while
+# the table was small, and every batch then read the whole table (Postgres at a full core for 550
+# appends/s in the benchmark; auto_explain showed it).
 _ACKS = """
-SELECT k.run_id, k.stream_id, m.min_ack, r.cumulative_bytes AS ack_bytes
+SELECT k.run_id, k.stream_id, m.min_ack,
+       (SELECT r.cumulative_bytes FROM wfs_records r
+        WHERE r.run_id = k.run_id AND r.stream_id = k.stream_id AND r.sequence = m.min_ack) AS ack_bytes
 FROM unnest($1::text[], $2::text[]) AS k(run_id, stream_id)
-LEFT JOIN LATERAL (
+CROSS JOIN LATERAL (
     SELECT min(c.acked_sequence) AS min_ack FROM wfs_consumers c
     WHERE c.run_id = k.run_id AND c.stream_id = k.stream_id
-) m ON true
-LEFT JOIN wfs_records r ON r.run_id = k.run_id AND r.stream_id = k.stream_id AND r.sequence = m.min_ack
+) m
 """
 
+# per key for the same reason (OFFSET 0 keeps the planner from flattening it into a join)
 _RECEIPTS = """
 SELECT r.run_id, r.stream_id, r.idempotency_key, r.request_digest, r.first_sequence, r.last_sequence
 FROM unnest($1::text[], $2::text[], $3::text[]) AS k(run_id, stream_id, idempotency_key)
-JOIN wfs_append_receipts r USING (run_id, stream_id, idempotency_key)
+CROSS JOIN LATERAL (
+    SELECT * FROM wfs_append_receipts r
+    WHERE r.run_id = k.run_id AND r.stream_id = k.stream_id AND r.idempotency_key = k.idempotency_key
+    OFFSET 0
+) r
 """
 
 # Every write of a batch in one statement: data-modifying CTEs all run, referenced or not.
