@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import asyncpg
 
 from .. import metrics
+from ..store import usage
 from ..store.db import DB_UNAVAILABLE
 
 log = logging.getLogger(__name__)
@@ -24,13 +25,12 @@ log = logging.getLogger(__name__)
 SLICE = 50_000
 TOP_N = 10
 
-# unread per stream of one slice: after the slowest ack, or after what was pruned
-_SLICE_SQL = """
-SELECT s.run_id, s.stream_id,
-       s.last_sequence - greatest(coalesce(m.min_ack, 0), s.earliest_sequence - 1) AS unread
+# unread per stream of one slice, by the one SQL writing of the unread rule (store/usage.py, held to
+# domain.credit by tests/test_unread_rule.py): after the slowest ack, or after what was pruned
+_SLICE_SQL = f"""
+SELECT s.run_id, s.stream_id, {usage.unread_items("s", "m.min_ack")} AS unread
 FROM wfs_streams s
-LEFT JOIN LATERAL (SELECT min(c.acked_sequence) AS min_ack FROM wfs_consumers c
-                   WHERE c.run_id = s.run_id AND c.stream_id = s.stream_id) m ON true
+{usage.MIN_ACK}
 WHERE (s.run_id, s.stream_id) > ($1, $2)
 ORDER BY s.run_id, s.stream_id
 LIMIT $3
