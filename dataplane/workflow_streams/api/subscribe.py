@@ -49,8 +49,8 @@ _OFFER_BUFFER_BYTES = 256 * 1024
 SUBSCRIPTIONS = web.AppKey("workflow_streams_subscriptions", collections.Counter[str])
 # handler tasks of open subscriptions, cancelled on shutdown
 OPEN_STREAMS = web.AppKey("workflow_streams_open_sse", weakref.WeakSet[asyncio.Task[object]])
-# the responses of open subscriptions, watched for stalled writes
-EVENT_STREAMS = web.AppKey("workflow_streams_event_streams", weakref.WeakSet["_EventStream"])
+# the responses of open subscriptions in the middle of a write, watched for stalls
+EVENT_STREAMS = web.AppKey("workflow_streams_event_streams", set["_EventStream"])
 
 
 def _resume_cursor(request: web.Request) -> int:
@@ -69,6 +69,8 @@ class _EventStream(web.StreamResponse):
 
     write_started: float | None = None  # monotonic time the pending write began; None when idle
     stalled = False
+    # the app's set of responses with a write in progress: what the watchdog looks at
+    writing: set[_EventStream] | None = None
     _transport: asyncio.Transport | None = None
     _chunked = False  # HTTP/1.1 chunked body: the fan-out may write framed chunks itself
 
@@ -100,10 +102,14 @@ class _EventStream(web.StreamResponse):
         if self.stalled:
             raise TimeoutError("subscriber stopped reading")
         self.write_started = time.monotonic()
+        if self.writing is not None:
+            self.writing.add(self)
         try:
             await self.write(chunk)  # returns at once unless the socket's buffers are full
         finally:
             self.write_started = None
+            if self.writing is not None:
+                self.writing.discard(self)
         if self.stalled:  # cut off while this write waited: what it buffered went with the connection
             raise TimeoutError("subscriber stopped reading")
 
@@ -116,7 +122,9 @@ class _EventStream(web.StreamResponse):
 
 async def cut_stalled(app: web.Application) -> AsyncIterator[None]:
     """The watchdog of every open event stream (an aiohttp cleanup context)."""
-    streams: weakref.WeakSet[_EventStream] = weakref.WeakSet()
+    # only responses in the middle of a write (a set, not every open stream: 10,000 subscribers are
+    # mostly idle or served by the fan-out's direct writes)
+    streams: set[_EventStream] = set()
     app[EVENT_STREAMS] = streams
 
     async def watch() -> None:
@@ -167,9 +175,11 @@ async def subscribe(request: web.Request) -> web.StreamResponse:
                         # the stream's fan-out writes to us until it cannot; then we go on alone
                         live = _Live(response, last, page.pins_digest)
                         app.fanout.join(run_id, stream_id, live)
+                        wake.dormant = True  # the fan-out watches for us; we re-read after it lets go
                         try:
                             still_open = await _await_detach(response, live, ends_at, settings.sse_heartbeat_seconds)
                         finally:
+                            wake.dormant = False
                             app.fanout.leave(run_id, stream_id, live)
                         last = live.last
                         if not still_open:
@@ -223,7 +233,7 @@ async def _start_event_stream(request: web.Request) -> _EventStream:
         }
     )
     await response.prepare(request)
-    request.config_dict[EVENT_STREAMS].add(response)
+    response.writing = request.config_dict[EVENT_STREAMS]
     task = asyncio.current_task()
     if task is not None:
         request.config_dict[OPEN_STREAMS].add(task)

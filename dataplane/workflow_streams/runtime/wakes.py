@@ -43,10 +43,13 @@ _ANY = ""
 class Wake:
     """A level-triggered flag for one watcher: many signals coalesce into one wake-up."""
 
-    __slots__ = ("_event", "cursor", "first_announced")
+    __slots__ = ("_event", "cursor", "dormant", "first_announced")
 
     def __init__(self) -> None:
         self._event = asyncio.Event()
+        # set while its owner is served by someone else (a subscription the stream's fan-out writes to):
+        # the head poller leaves it alone; its owner re-reads when it wakes up again
+        self.dormant = False
         # lowest first sequence announced since the last clear (0 = unknown: re-read everything)
         self.first_announced: int | None = None
         # the last sequence this watcher has seen; the head poller wakes it when its stream is ahead
@@ -189,7 +192,11 @@ class WakeHub:
         assert self._pool is not None
         while True:
             await asyncio.sleep(self._poll_seconds)
-            keys = [(run, stream) for (kind, run, stream) in self._topics if kind == RECORDS and run != _ANY]
+            keys = [
+                (run, stream)
+                for (kind, run, stream), topic in self._topics.items()
+                if kind == RECORDS and run != _ANY and any(not w.dormant for w in topic.watchers)
+            ]
             if not keys:
                 continue
             try:
@@ -207,7 +214,8 @@ class WakeHub:
                 behind = [
                     w
                     for w in topic.watchers
-                    if head is None or head.closed or w.cursor is None or w.cursor < head.last_sequence
+                    if not w.dormant
+                    and (head is None or head.closed or w.cursor is None or w.cursor < head.last_sequence)
                 ]
                 if behind:
                     self.clock += 1
