@@ -42,6 +42,7 @@ SETTINGS_HELP = """settings (environment variables; the README's Configuration t
   WFS_PRUNE_INTERVAL_SECONDS       retention sweep interval, 0 disables (30)
   WFS_S3_REGIONS                   JSON region -> {endpoint_url, bucket, access_key_id, secret_access_key, ...}
   WFS_JANITOR_INTERVAL_SECONDS     orphan expiry and object deletion sweep (10)
+  WFS_DELETION_OUTBOX_RETENTION_SECONDS  finished deletion-outbox rows are purged after this (604800: 7 days)
   WFS_WAIT_SERVICE_URL             where input records are delivered (unset: no dispatcher)
   WFS_WORKER_LEASE_SECONDS         worker claim lease (15)
   WFS_DELIVERY_TIMEOUT_SECONDS, WFS_DELIVERY_BACKOFF_BASE_SECONDS, WFS_DELIVERY_MAX_ATTEMPTS (5, 0.5, 25)

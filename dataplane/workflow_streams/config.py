@@ -120,6 +120,9 @@ class Settings:
     s3_regions: Mapping[str, RegionConfig] = field(default_factory=dict)
     # orphan expiry and deletion sweep interval (0 disables it in this process)
     janitor_interval_seconds: float = 10.0
+    # the janitor purges deletion-outbox rows this long after their object was deleted: long enough to
+    # answer "what happened to that object" for a week, short enough that the table stays small
+    deletion_outbox_retention_seconds: float = 7 * 24 * 3600.0
     # Kubernetes service-account tokens through TokenReview (unset: static tokens only)
     kube_auth: KubeAuthSettings | None = None
     # backlog and outbox gauges are sampled from Postgres this often
@@ -182,6 +185,7 @@ class Settings:
             wait_service_url=env.get("WFS_WAIT_SERVICE_URL") or None,
             s3_regions=parse_regions(env["WFS_S3_REGIONS"]) if env.get("WFS_S3_REGIONS") else {},
             janitor_interval_seconds=float(env.get("WFS_JANITOR_INTERVAL_SECONDS", "10")),
+            deletion_outbox_retention_seconds=float(env.get("WFS_DELETION_OUTBOX_RETENTION_SECONDS", "604800")),
             kube_auth=kube_auth_from_env(env),
             worker_lease_seconds=float(env.get("WFS_WORKER_LEASE_SECONDS", "15")),
             delivery_timeout_seconds=float(env.get("WFS_DELIVERY_TIMEOUT_SECONDS", "5")),

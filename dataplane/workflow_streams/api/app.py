@@ -115,7 +115,10 @@ def create_app(settings: Settings) -> web.Application:
         tasks = []
         tasks.append(asyncio.create_task(run_sampler(pool, settings.metrics_sample_seconds)))
         if store is not None and settings.janitor_interval_seconds > 0:
-            tasks.append(asyncio.create_task(run_janitor(pool, store, settings.janitor_interval_seconds)))
+            janitor = run_janitor(
+                pool, store, settings.janitor_interval_seconds, settings.deletion_outbox_retention_seconds
+            )
+            tasks.append(asyncio.create_task(janitor))
         if settings.prune_interval_seconds > 0:
             tasks.append(asyncio.create_task(run_pruner(pool, settings.prune_interval_seconds)))
         if settings.wait_service_url:

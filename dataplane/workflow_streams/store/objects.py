@@ -355,6 +355,29 @@ async def mark_deletion_failed(conn: asyncpg.Connection, outbox_id: int, delay: 
     )
 
 
+# Finished rows, oldest first, through the partial index wfs_deletion_outbox_finished. SKIP LOCKED: the
+# janitors of all replicas purge at once without waiting on each other. The ids go in as an array, so
+# the delete looks them up by primary key (with "id IN (SELECT ...)" the planner may hash-join against
+# a scan of the whole table, which is what the purge exists to keep small).
+_PURGE_FINISHED = """
+WITH gone AS (
+    DELETE FROM wfs_deletion_outbox WHERE id = ANY (ARRAY(
+        SELECT id FROM wfs_deletion_outbox
+        WHERE deleted_at IS NOT NULL AND deleted_at < now() - $1::interval
+        ORDER BY deleted_at
+        LIMIT $2
+        FOR UPDATE SKIP LOCKED))
+    RETURNING 1)
+SELECT count(*) FROM gone
+"""
+
+
+async def purge_finished_deletions(conn: asyncpg.Connection, retention: dt.timedelta, limit: int) -> int:
+    """Remove up to ``limit`` outbox rows whose object was deleted longer than ``retention`` ago; how many.
+    Unfinished rows (still to delete, failing, or parked under a hold) are never touched."""
+    return int(await conn.fetchval(_PURGE_FINISHED, retention, limit))
+
+
 async def stream_objects(conn: asyncpg.Connection, run_id: str, stream_id: str) -> list[tuple[str, str]]:
     """Every object of the stream that may still exist in S3: (region, key)."""
     rows = await conn.fetch(

@@ -6,7 +6,11 @@ Object Lock refuses the delete anyway if a hold lands between the claim and the 
 
 Work follows what is due: a sweep reads due rows through their index, in batches, and keeps going
 while batches come back full (up to ``MAX_BATCHES``), so a burst of pruned objects drains at S3's pace
-rather than one batch per interval; an idle sweep is two index probes.
+rather than one batch per interval; an idle sweep is three index probes.
+
+Finished rows are kept for a retention period (``WFS_DELETION_OUTBOX_RETENTION_SECONDS``) and then
+purged by the same sweep, oldest first, in batches of ``PURGE_BATCH`` (at most ``MAX_PURGE_BATCHES``
+a sweep: more than a sweep can finish, so the table stays at about one retention period of deletions).
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
+from dataclasses import dataclass
 
 import asyncpg
 from botocore.exceptions import BotoCoreError, ClientError
@@ -33,6 +38,19 @@ BATCH = 50
 MAX_BATCHES = 20
 # S3 deletes in flight at once
 CONCURRENCY = 8
+# finished rows removed per statement, and statements per sweep: short transactions, a bounded sweep
+PURGE_BATCH = 1000
+MAX_PURGE_BATCHES = 10
+DEFAULT_RETENTION = dt.timedelta(days=7)
+
+
+@dataclass(frozen=True)
+class Swept:
+    """What one sweep did."""
+
+    expired: int  # intents past their expiry, their objects queued for deletion
+    deleted: int  # objects deleted from S3
+    purged: int  # finished outbox rows removed after the retention period
 
 
 async def _delete_one(pool: asyncpg.Pool, store: ObjectStore, row: asyncpg.Record, gate: asyncio.Semaphore) -> bool:
@@ -50,8 +68,23 @@ async def _delete_one(pool: asyncpg.Pool, store: ObjectStore, row: asyncpg.Recor
         return True
 
 
-async def sweep(pool: asyncpg.Pool, store: ObjectStore) -> tuple[int, int]:
-    """One pass: (intents expired, objects deleted)."""
+async def purge(
+    pool: asyncpg.Pool, retention: dt.timedelta, batch: int = PURGE_BATCH, max_batches: int = MAX_PURGE_BATCHES
+) -> int:
+    """Remove outbox rows finished more than ``retention`` ago, ``batch`` per transaction, while batches
+    come back full (at most ``max_batches``); how many went. What is left goes at the next sweep."""
+    purged = 0
+    for _ in range(max_batches):
+        async with pool.acquire() as conn:
+            removed = await objects.purge_finished_deletions(conn, retention, batch)
+        purged += removed
+        if removed < batch:
+            break
+    return purged
+
+
+async def sweep(pool: asyncpg.Pool, store: ObjectStore, retention: dt.timedelta = DEFAULT_RETENTION) -> Swept:
+    """One pass: expire orphaned intents, delete what is due from S3, purge what finished long ago."""
     expired = deleted = 0
     gate = asyncio.Semaphore(CONCURRENCY)
     for _ in range(MAX_BATCHES):
@@ -63,15 +96,26 @@ async def sweep(pool: asyncpg.Pool, store: ObjectStore) -> tuple[int, int]:
         deleted += sum(results)
         if len(due) < BATCH and newly_expired < 100:
             break
-    return expired, deleted
+    return Swept(expired, deleted, await purge(pool, retention))
 
 
-async def run_janitor(pool: asyncpg.Pool, store: ObjectStore, interval_seconds: float) -> None:
+async def run_janitor(
+    pool: asyncpg.Pool,
+    store: ObjectStore,
+    interval_seconds: float,
+    retention_seconds: float = DEFAULT_RETENTION.total_seconds(),
+) -> None:
+    retention = dt.timedelta(seconds=retention_seconds)
     while True:
         try:
-            expired, deleted = await sweep(pool, store)
-            if expired or deleted:
-                log.info("object janitor: %d intents expired, %d objects deleted", expired, deleted)
+            swept = await sweep(pool, store, retention)
+            if swept.expired or swept.deleted or swept.purged:
+                log.info(
+                    "object janitor: %d intents expired, %d objects deleted, %d finished outbox rows purged",
+                    swept.expired,
+                    swept.deleted,
+                    swept.purged,
+                )
         except (*DB_UNAVAILABLE, asyncpg.PostgresError) as exc:
             log.warning("object janitor sweep failed, retrying next interval: %s", exc)
         await asyncio.sleep(interval_seconds)
