@@ -32,13 +32,14 @@ from .auth import TokenAuthenticator
 from .durable import create_app as create_durable_app
 from .kubeauth import TokenReviewer
 from .problems import problem_middleware
-from .state import STATE, AppState
+from .state import STATE, AppState, remember_state
 
 log = logging.getLogger(__name__)
 
 
 @web.middleware
 async def metrics_middleware(request: web.Request, handler: Any) -> web.StreamResponse:
+    remember_state(request)
     route = request.match_info.route.resource
     name = route.canonical if route is not None else "unmatched"
     started = time.perf_counter()
@@ -144,8 +145,14 @@ def create_app(settings: Settings) -> web.Application:
     api[openapi.OPENAPI] = openapi.document()
     api.router.add_get("/openapi.json", openapi.serve)
     open_streams: weakref.WeakSet[asyncio.Task[object]] = weakref.WeakSet()
-    app[subscribe.OPEN_STREAMS] = open_streams
-    app[subscribe.SUBSCRIPTIONS] = collections.Counter()
+    # the subscription registries on both apps: the API sub-app's handlers find them in their own app,
+    # not through config_dict's chain (which raises and catches KeyError in the sub-app first)
+    subscriptions: collections.Counter[str] = collections.Counter()
+    writing: set[subscribe.EventStream] = set()
+    for holder in (app, api):
+        holder[subscribe.OPEN_STREAMS] = open_streams
+        holder[subscribe.SUBSCRIPTIONS] = subscriptions
+        holder[subscribe.EVENT_STREAMS] = writing
     app.on_shutdown.append(subscribe.close_open_streams)
     app.cleanup_ctx.append(resources)
     app.cleanup_ctx.append(subscribe.cut_stalled)

@@ -13,7 +13,7 @@ from ..domain import strictjson
 from ..domain.errors import InvalidInput, InvalidJson, RequestTimeout
 from ..domain.ids import check_id
 from ..domain.placement import client_region
-from .state import STATE
+from .state import state_of
 
 STREAM = "/runs/{run_id}/streams/{stream_id}"
 
@@ -28,7 +28,7 @@ async def read_json(request: web.Request) -> Any:
         raise InvalidInput("the request body must be application/json", field="Content-Type")
     if (request.charset or "utf-8").lower() not in ("utf-8", "utf8"):
         raise InvalidJson("JSON bodies are UTF-8", field="Content-Type", rule="encoding")
-    seconds = request.config_dict[STATE].settings.body_timeout_seconds
+    seconds = state_of(request).settings.body_timeout_seconds
     try:
         async with asyncio.timeout(seconds):
             raw = await request.read()
@@ -74,7 +74,7 @@ async def chunks_with_idle_timeout(request: web.Request, seconds: float) -> Asyn
 
 
 def client_region_of(request: web.Request) -> str:
-    settings = request.config_dict[STATE].settings
+    settings = state_of(request).settings
     return client_region(
         request.remote,
         request.headers.get("X-Forwarded-For"),

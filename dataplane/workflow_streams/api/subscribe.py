@@ -50,7 +50,7 @@ SUBSCRIPTIONS = web.AppKey("workflow_streams_subscriptions", collections.Counter
 # handler tasks of open subscriptions, cancelled on shutdown
 OPEN_STREAMS = web.AppKey("workflow_streams_open_sse", weakref.WeakSet[asyncio.Task[object]])
 # the responses of open subscriptions in the middle of a write, watched for stalls
-EVENT_STREAMS = web.AppKey("workflow_streams_event_streams", set["_EventStream"])
+EVENT_STREAMS = web.AppKey("workflow_streams_event_streams", set["EventStream"])
 
 
 def _resume_cursor(request: web.Request) -> int:
@@ -61,7 +61,7 @@ def _resume_cursor(request: web.Request) -> int:
     return parse_cursor(request.query.get("after"))
 
 
-class _EventStream(web.StreamResponse):
+class EventStream(web.StreamResponse):
     """A streaming response whose writes are watched: a reader that stops taking bytes is cut off, not
     buffered. No timer per write (on Python 3.11 ``wait_for`` costs a task per call, and a fan-out to
     1,000 subscribers makes thousands of writes a second): one watchdog per app (``cut_stalled``) looks
@@ -70,7 +70,7 @@ class _EventStream(web.StreamResponse):
     write_started: float | None = None  # monotonic time the pending write began; None when idle
     stalled = False
     # the app's set of responses with a write in progress: what the watchdog looks at
-    writing: set[_EventStream] | None = None
+    writing: set[EventStream] | None = None
     _transport: asyncio.Transport | None = None
     _chunked = False  # HTTP/1.1 chunked body: the fan-out may write framed chunks itself
 
@@ -124,8 +124,7 @@ async def cut_stalled(app: web.Application) -> AsyncIterator[None]:
     """The watchdog of every open event stream (an aiohttp cleanup context)."""
     # only responses in the middle of a write (a set, not every open stream: 10,000 subscribers are
     # mostly idle or served by the fan-out's direct writes)
-    streams: set[_EventStream] = set()
-    app[EVENT_STREAMS] = streams
+    streams = app[EVENT_STREAMS]
 
     async def watch() -> None:
         while True:
@@ -209,7 +208,7 @@ async def subscribe(request: web.Request) -> web.StreamResponse:
 @contextlib.contextmanager
 def _subscription_slot(request: web.Request, principal: str) -> Iterator[None]:
     """Bound open subscriptions per principal on this replica, so one caller cannot exhaust it."""
-    counts = request.config_dict[SUBSCRIPTIONS]
+    counts = request.app[SUBSCRIPTIONS]
     limit = state_of(request).settings.sse_max_per_principal
     if counts[principal] >= limit:
         raise TooManySubscriptions(f"at most {limit} open subscriptions per principal", limit=limit)
@@ -224,8 +223,8 @@ def _subscription_slot(request: web.Request, principal: str) -> Iterator[None]:
             del counts[principal]
 
 
-async def _start_event_stream(request: web.Request) -> _EventStream:
-    response = _EventStream(
+async def _start_event_stream(request: web.Request) -> EventStream:
+    response = EventStream(
         headers={
             "Content-Type": "text/event-stream",
             "Cache-Control": "no-cache, no-transform",
@@ -233,10 +232,10 @@ async def _start_event_stream(request: web.Request) -> _EventStream:
         }
     )
     await response.prepare(request)
-    response.writing = request.config_dict[EVENT_STREAMS]
+    response.writing = request.app[EVENT_STREAMS]
     task = asyncio.current_task()
     if task is not None:
-        request.config_dict[OPEN_STREAMS].add(task)
+        request.app[OPEN_STREAMS].add(task)
     request[STREAMING] = True
     await response.send(f"retry: {RECONNECT_MS}\n\n".encode())
     return response
@@ -266,7 +265,7 @@ async def _first_page(
     return shared
 
 
-async def _deliver(response: _EventStream, shared: SharedPage, last: int) -> int:
+async def _deliver(response: EventStream, shared: SharedPage, last: int) -> int:
     """Write the page's records after ``last``; boundary duplicates are dropped. Returns the new last."""
     chunk, count, new_last = shared.events_after(last)
     if count:
@@ -289,7 +288,7 @@ class _Live:
 
     __slots__ = ("_response", "detached", "last", "pins_digest")
 
-    def __init__(self, response: _EventStream, last: int, pins_digest: str) -> None:
+    def __init__(self, response: EventStream, last: int, pins_digest: str) -> None:
         self._response = response
         self.last = last
         self.pins_digest = pins_digest
@@ -305,7 +304,7 @@ class _Live:
         self.detached.set()
 
 
-async def _await_detach(response: _EventStream, live: _Live, ends_at: float, heartbeat: float) -> bool:
+async def _await_detach(response: EventStream, live: _Live, ends_at: float, heartbeat: float) -> bool:
     """While the fan-out serves us: heartbeats when idle. True once detached, False when time is up."""
     loop = asyncio.get_running_loop()
     while True:
@@ -339,7 +338,7 @@ def gap_recorder(pool: asyncpg.Pool) -> Callable[[str, str, int, int], None]:
     return report
 
 
-async def _await_news(response: _EventStream, wake: wakes.Wake, ends_at: float, heartbeat: float) -> bool:
+async def _await_news(response: EventStream, wake: wakes.Wake, ends_at: float, heartbeat: float) -> bool:
     """Wait for a wake, writing heartbeat comments while idle. False once the connection's time is up."""
     loop = asyncio.get_running_loop()
     while True:
@@ -358,7 +357,7 @@ async def _read_retrying(
     after: int,
     woken_at: int,
     pins_digest: str,
-    response: _EventStream,
+    response: EventStream,
 ) -> SharedPage:
     """The next page, read once for every subscriber at this cursor. The first read authorized this
     subscriber; pins never change, so only a replaced stream (another digest) ends it. Postgres
