@@ -39,8 +39,9 @@ from .metrics import MULTIPROC_DIR_ENV
 log = logging.getLogger(__name__)
 
 # accepted-but-not-yet-served connections the kernel keeps per process: a burst of thousands of
-# subscribers connecting at once must not overflow it (the kernel caps it at net.core.somaxconn)
-LISTEN_BACKLOG = 4096
+# subscribers connecting at once must not overflow it. The kernel caps it at net.core.somaxconn (4096 by
+# default): raise that too for bursts beyond it (bench/README.md measured 10,000 at once)
+LISTEN_BACKLOG = 16384
 
 _PR_SET_PDEATHSIG = 1
 

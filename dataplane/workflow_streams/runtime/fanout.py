@@ -65,13 +65,16 @@ class _StreamFanout:
         self._on_gap = on_gap
         self.followers: set[Follower] = set()
         self._wake: Wake | None = None  # set once the task watches the stream
+        # the stream's head as of the latest read: a joiner at or past it needs no read of its own
+        self._head = 0
         self.task = asyncio.create_task(self._serve(), name=f"wfs-fanout {run_id}/{stream_id}")
 
     def add(self, follower: Follower) -> None:
         self.followers.add(follower)
-        # it may be behind what the task last read (a commit between its own read and joining): read
-        # again (a task that has not started yet reads first thing)
-        if self._wake is not None:
+        # behind what the task has read (a commit between its own read and joining, whose wake the task
+        # already took): read again. At or past it, the task's next wake covers it; a connection burst
+        # of many subscribers per stream then costs no read per subscriber.
+        if self._wake is not None and follower.last < self._head:
             self._wake.signal(0)
 
     async def _serve(self) -> None:
@@ -103,15 +106,22 @@ class _StreamFanout:
                     log.log(level, "fan-out read of %s/%s failed (%s)", self.run_id, self.stream_id, exc)
                     self._detach_all()
                     continue
-                self._write(shared)
-                if len(shared.page.records) >= self._limit:
-                    wake.signal(0)  # a full page: there is more to read at once
+                self._head = max(self._head, shared.page.bounds.latest)
+                behind = self._write(shared, low)
+                if behind or len(shared.page.records) >= self._limit:
+                    wake.signal(0)  # a follower this read did not cover, or a full page: read again at once
                 if self.followers:
                     wake.cursor = min(f.last for f in self.followers)
 
-    def _write(self, shared: SharedPage) -> None:
+    def _write(self, shared: SharedPage, low: int) -> bool:
+        """Offer each follower its part of the page; True if a follower joined behind the page's start
+        while it was read (it needs another read: writing from the page would skip records)."""
         page = shared.page
+        behind = False
         for follower in list(self.followers):
+            if follower.last < low:
+                behind = True
+                continue
             if page.closed or page.pins_digest != follower.pins_digest:
                 self._detach(follower)  # its own task writes the close event or the error
                 continue
@@ -122,6 +132,7 @@ class _StreamFanout:
                 follower.last = last
             else:
                 self._detach(follower)  # a backed-up socket: its own task writes, bounded in time
+        return behind
 
     def _detach(self, follower: Follower) -> None:
         self.followers.discard(follower)
