@@ -60,8 +60,19 @@ def machine() -> dict[str, Any]:
         "kernel": platform.release(),
         "python": sys.version.split()[0],
         "postgres": pg,
+        "somaxconn": int(Path("/proc/sys/net/core/somaxconn").read_text()),
         "note": "server, Postgres and load generator share these cores; compare ratios, not absolutes",
     }
+
+
+def listen_overflows() -> int:
+    """The kernel's count of connections dropped because an accept queue was full (TcpExt
+    ListenOverflows): a connection burst beyond the backlog shows here, and its clients retransmit."""
+    lines = Path("/proc/net/netstat").read_text().splitlines()
+    for names, values in zip(lines[::2], lines[1::2], strict=True):
+        if names.startswith("TcpExt:"):
+            return int(dict(zip(names.split()[1:], values.split()[1:], strict=True))["ListenOverflows"])
+    return 0
 
 
 async def start_postgres() -> LocalPostgres:

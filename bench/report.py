@@ -62,7 +62,10 @@ def write_report(results: dict[str, Any], out: Path) -> None:
         "## Live delivery over SSE: append → subscriber latency, every subscriber's sequences checked",
         "",
         "Connect: time until every subscriber had its response and first `retry:` line (server CPU during "
-        "it in brackets). Delivered / expected counts records over the connected subscribers (a subscriber "
+        "it in brackets; then the kernel's listen overflows during the case: connections dropped because an "
+        "accept queue was full, whose clients retransmit after 1 s, 3 s — the backlog is capped by "
+        f"net.core.somaxconn = {results['machine'].get('somaxconn', '?')} here). "
+        "Delivered / expected counts records over the connected subscribers (a subscriber "
         "that never connected is listed below, not counted as missing); duplicates, gaps and missing must be 0.",
         "",
         "| case | connect s | delivered / expected | dup | gaps | missing | p50 ms | p99 ms | max ms "
@@ -76,7 +79,8 @@ def write_report(results: dict[str, Any], out: Path) -> None:
         lat, g = r["latency_ms"], r["generator"]
         connected = "" if r["connected"] == r["subscribers"] else f", **{r['connected']:,} connected**"
         lines.append(
-            f"| {r['case']} | {r['connect_s']:.2f} ({r['connect']['server_cpu_s']:.1f} CPU s){connected} | "
+            f"| {r['case']} | {r['connect_s']:.2f} ({r['connect']['server_cpu_s']:.1f} CPU s; "
+            f"{r.get('listen_overflows', '?')} overflows){connected} | "
             f"{r['delivered']:,} / {r['expected']:,} | {r['duplicates']} | {r['gaps']} | {r['missing']} | "
             f"{_ms(lat, 'p50')} | {_ms(lat, 'p99')} | {_ms(lat, 'max')} | {g['appends_per_s']:.1f} | "
             f"{r['generator_cores']} | {r['server_cores']} | {r['postgres_cores']} | "

@@ -17,7 +17,7 @@ import aiohttp
 import asyncpg
 
 from bench import generator
-from bench.harness import AUTH, PREFIX, TOKEN, Server, pins, postmaster_pid, process_tree_cpu
+from bench.harness import AUTH, PREFIX, TOKEN, Server, listen_overflows, pins, postmaster_pid, process_tree_cpu
 from workflow_streams.localpg import LocalPostgres
 
 PGBENCH_SCRIPTS = Path(__file__).resolve().parent / "pgbench"
@@ -207,6 +207,7 @@ async def deliveries(server: Server, pg: LocalPostgres, timing: Timing) -> list[
         run = f"l{subscribers}-{uuid.uuid4().hex[:8]}"
         await generator.run("create", base, TOKEN, run=run, streams=streams, create=pins())
         meter = Meter(server, postmaster_pid(pg))
+        overflows = listen_overflows()
         try:
             report = await generator.run(
                 "sse",
@@ -230,6 +231,7 @@ async def deliveries(server: Server, pg: LocalPostgres, timing: Timing) -> list[
             "streams": streams,
             "rate": rate,
             "connect_s": report["connect_seconds"],
+            "listen_overflows": listen_overflows() - overflows,
             "connected": report["connected"],
             "delivered": report["delivered"],
             "expected": report["expected"],
@@ -248,7 +250,8 @@ async def deliveries(server: Server, pg: LocalPostgres, timing: Timing) -> list[
         out.append(row)
         lat = report["latency_ms"]
         print(
-            f"  sse {row['case']}: connected {report['connected']:,} in {report['connect_seconds']:.2f} s, "
+            f"  sse {row['case']}: connected {report['connected']:,} in {report['connect_seconds']:.2f} s "
+            f"(listen overflows {row['listen_overflows']:,}), "
             f"delivered {report['delivered']:,}/{report['expected']:,} (duplicates {report['duplicates']}, "
             f"gaps {report['gaps']}, missing {report['missing']}), p50 {lat['p50']:.1f} ms p99 {lat['p99']:.1f} ms; "
             f"CPU cores: generator {report['cpu_share']}, server {row['server_cores']}, "
