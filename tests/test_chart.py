@@ -236,11 +236,11 @@ async def test_operator_runs_on_exactly_the_chart_rbac(
     operator.start()
     try:
         apply(kube, namespace, stream_manifest("rbac", "run-rbac", "rbac"))
-        await asyncio.to_thread(wait_condition, kube, namespace, "wfs/rbac", "Ready")
+        await wait_condition(kube, namespace, "wfs/rbac", "Ready")
         apply(kube, namespace, hold_manifest("hold", "rbac"))
-        await asyncio.to_thread(wait_condition, kube, namespace, "wfhold/hold", "Applied")
+        await wait_condition(kube, namespace, "wfhold/hold", "Applied")
         kube.kubectl("delete", "-n", namespace, "wfs/rbac", "--wait=false")
-        await asyncio.to_thread(wait_condition, kube, namespace, "wfs/rbac", "Deleting", "False")
+        await wait_condition(kube, namespace, "wfs/rbac", "Deleting", "False")
         kube.kubectl("delete", "-n", namespace, "wfhold/hold")
         kube.kubectl("wait", "-n", namespace, "--for=delete", "wfs/rbac", "--timeout=60s")
         assert await db.fetchval("SELECT count(*) FROM wfs_streams") == 0
@@ -334,7 +334,7 @@ def test_kind_end_to_end(tmp_path: Path) -> None:
                 },
             ),
         )
-        wait_condition(plane, "wfs", "wfs/e2e", "DefinitionSynced", seconds=120)
+        asyncio.run(wait_condition(plane, "wfs", "wfs/e2e", "DefinitionSynced", seconds=120))
     finally:
         plane.stop()
 
