@@ -1,10 +1,10 @@
 """Profile the server under one load case: ``python -m bench.profile {append,sse} [--out DIR] [flags]``.
 
-Starts its own PostgreSQL and one ``workflow-streams serve`` process (one worker, so one process to
-sample), drives it with wfs-loadgen, and records the server with py-spy (``--idle`` off: only on-CPU
-time) over the measured window. Writes ``profile.collapsed`` (py-spy's collapsed stacks, for any flame
-graph tool) and ``top.txt`` (the hottest functions, by own time and including callees) into --out, and
-prints the top lines.
+Starts its own PostgreSQL and one ``workflow-streams serve`` process (one worker unless --workers;
+py-spy samples every worker), drives it with wfs-loadgen, and records the server with py-spy
+(``--idle`` off: only on-CPU time) over the measured window. Writes ``profile.collapsed`` (py-spy's
+collapsed stacks, for any flame graph tool) and ``top.txt`` (the hottest functions, by own time and
+including callees) into --out, and prints the top lines.
 
 Examples::
 
@@ -57,7 +57,7 @@ async def main(args: argparse.Namespace) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     pg = await start_postgres()
-    server = Server(pg.dsn, out / "server.log", workers=1)
+    server = Server(pg.dsn, out / "server.log", workers=args.workers)
     try:
         await server.ready()
         base = server.url + PREFIX
@@ -66,7 +66,7 @@ async def main(args: argparse.Namespace) -> None:
         collapsed = out / "profile.collapsed"
         spy: list[subprocess.Popen[bytes]] = []
 
-        target = ["--pid", str(server.process.pid), "--nonblocking"]
+        target = ["--pid", str(server.process.pid), "--nonblocking", "--subprocesses"]
 
         def on_phase(phase: str) -> None:
             if phase in (args.phase, "measuring") and not spy:
@@ -105,6 +105,7 @@ if __name__ == "__main__":
     parser.add_argument("--rate", type=float, default=20)
     parser.add_argument("--conns", type=int, default=32)
     parser.add_argument("--seconds", type=int, default=10)
+    parser.add_argument("--workers", type=int, default=1, help="serve --workers N (all sampled)")
     parser.add_argument(
         "--phase", default="appending", help="sse: start recording at this phase (connecting or appending)"
     )
