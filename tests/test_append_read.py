@@ -171,15 +171,16 @@ async def test_rendered_records_match_the_decoded_form(api: StreamsApi, db: asyn
     import json
 
     from workflow_streams import wire
+    from workflow_streams.store.reads import RECORD_COLUMNS, stored_record
 
     await api.create("r", "s")
     values = [{"a": [1, 2.5, None, True]}, "line\nbreak \u2028 \u00e9 \U0001f600", 0, [], {"q": '"quoted"'}]
     await api.append("r", "s", *values)
     body = {"content_type": "text/plain; charset=utf-8", "data_base64": "aGk="}
     await api.append("r", "s", body=body)
-    rows = await db.fetch("SELECT * FROM wfs_records ORDER BY sequence")
-    for row in rows:
-        assert json.loads(wire.record_bytes(row)) == wire.record_json(row)
+    rows = await db.fetch(f"SELECT {RECORD_COLUMNS} FROM wfs_records ORDER BY sequence")
+    for record in map(stored_record, rows):
+        assert json.loads(wire.record_bytes(record)) == wire.record_json(record)
     page = await (await api.read("r", "s")).json()
     assert [r.get("data") for r in page["records"][:5]] == values
     assert page["records"][5]["data_base64"] == "aGk="

@@ -11,54 +11,58 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-import asyncpg
-
 from .domain.cursor import Bounds
-from .domain.records import is_json
+from .domain.records import StoredRecord, is_json
 
 
-def record_json(row: asyncpg.Record) -> dict[str, Any]:
+def record_json(record: StoredRecord) -> dict[str, Any]:
     out: dict[str, Any] = {
-        "sequence": row["sequence"],
-        "kind": row["kind"],
-        "content_type": row["content_type"],
-        "size": row["size_bytes"],
-        "appended_at": row["appended_at"].isoformat(),
+        "sequence": record.sequence,
+        "kind": record.kind,
+        "content_type": record.content_type,
+        "size": record.size_bytes,
+        "appended_at": record.appended_at.isoformat(),
     }
-    if row["kind"] == "object":
-        out["object"] = row["object"]
-    elif is_json(row["content_type"]):
-        out["data"] = json.loads(row["payload"])
+    if record.kind == "object":
+        out["object"] = record.object
+        return out
+    payload = record.payload
+    assert payload is not None  # an inline record has its bytes (the table's CHECK)
+    if is_json(record.content_type):
+        out["data"] = json.loads(payload)
     else:
-        out["data_base64"] = base64.b64encode(row["payload"]).decode()
+        out["data_base64"] = base64.b64encode(payload).decode()
     return out
 
 
 _CONTENT_TYPES: dict[str, bytes] = {}
 
 
-def record_bytes(row: asyncpg.Record) -> bytes:
-    """``record_json(row)`` as JSON bytes, splicing a JSON payload in as stored instead of decoding and
+def record_bytes(record: StoredRecord) -> bytes:
+    """``record_json(record)`` as JSON bytes, splicing a JSON payload in as stored instead of decoding and
     re-encoding it (the largest cost of catch-up reads and fan-out)."""
-    content_type = row["content_type"]
+    content_type = record.content_type
     quoted = _CONTENT_TYPES.get(content_type)
     if quoted is None:
         quoted = json.dumps(content_type).encode()
         if len(_CONTENT_TYPES) < 1000:
             _CONTENT_TYPES[content_type] = quoted
+    kind = record.kind
     head = (
-        f'{{"sequence":{row["sequence"]},"kind":"{row["kind"]}","content_type":'.encode()
+        f'{{"sequence":{record.sequence},"kind":"{kind}","content_type":'.encode()
         + quoted
-        + f',"size":{row["size_bytes"]},"appended_at":"{row["appended_at"].isoformat()}"'.encode()
+        + f',"size":{record.size_bytes},"appended_at":"{record.appended_at.isoformat()}"'.encode()
     )
-    if row["kind"] == "object":
-        return head + b',"object":' + json.dumps(row["object"], separators=(",", ":")).encode() + b"}"
+    if kind == "object":
+        return head + b',"object":' + json.dumps(record.object, separators=(",", ":")).encode() + b"}"
+    payload = record.payload
+    assert payload is not None  # an inline record has its bytes (the table's CHECK)
     if is_json(content_type):
-        return head + b',"data":' + bytes(row["payload"]) + b"}"
-    return head + b',"data_base64":"' + base64.b64encode(row["payload"]) + b'"}'
+        return head + b',"data":' + payload + b"}"
+    return head + b',"data_base64":"' + base64.b64encode(payload) + b'"}'
 
 
-def page_bytes(records: Sequence[asyncpg.Record], next_after: int, bounds: Bounds, closed: bool) -> bytes:
+def page_bytes(records: Sequence[StoredRecord], next_after: int, bounds: Bounds, closed: bool) -> bytes:
     """The read response body."""
     tail = (
         f'],"next_after":{next_after},"earliest":{bounds.earliest},"latest":{bounds.latest},'
@@ -67,7 +71,7 @@ def page_bytes(records: Sequence[asyncpg.Record], next_after: int, bounds: Bound
     return b'{"records":[' + b",".join(record_bytes(r) for r in records) + tail.encode()
 
 
-def sse_event(row: asyncpg.Record) -> bytes:
+def sse_event(record: StoredRecord) -> bytes:
     """One record as an SSE event. The record's JSON has no raw newlines (JSON escapes them), so it is
     one data line."""
-    return f"id: {row['sequence']}\nevent: record\ndata: ".encode() + record_bytes(row) + b"\n\n"
+    return f"id: {record.sequence}\nevent: record\ndata: ".encode() + record_bytes(record) + b"\n\n"

@@ -1,13 +1,15 @@
-"""Records as callers send them: validation, the inline size cap and the idempotency digest."""
+"""Records as callers send them (validation, the inline size cap, the idempotency digest) and as the
+store returns them."""
 
 from __future__ import annotations
 
 import base64
 import binascii
+import datetime as dt
 import hashlib
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from .errors import InvalidInput, InvalidJson, PayloadTooLarge
 from .media import is_json as is_json  # the one JSON rule; re-exported for the record encoders
@@ -35,6 +37,23 @@ class RecordIn:
             return len(self.payload)
         assert self.object is not None
         return int(self.object["size"])
+
+
+class StoredRecord(NamedTuple):
+    """A record as stored, what reads, fan-out and delivery encode. Immutable and slotted; a named tuple
+    rather than a frozen dataclass because catch-up reads build one per record and a frozen dataclass's
+    ``__init__`` (one ``object.__setattr__`` per field) cost 1.1 us a record, half as much again as
+    encoding it, where the store builds this from the row's tuple in 0.25 us (``store.reads.stored_record``)."""
+
+    sequence: int
+    kind: str  # "inline" or "object"
+    content_type: str
+    # the inline bytes; None for an object record
+    payload: bytes | None
+    size_bytes: int
+    # the object's metadata (region, key, size, digest); None for an inline record
+    object: dict[str, Any] | None
+    appended_at: dt.datetime
 
 
 def encode_json(value: Any) -> bytes:

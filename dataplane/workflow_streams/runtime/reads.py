@@ -30,7 +30,7 @@ class SharedPage:
 
     @functools.cached_property
     def _sequences(self) -> list[int]:
-        return [r["sequence"] for r in self.page.records]
+        return [r.sequence for r in self.page.records]
 
     @functools.cached_property
     def _events(self) -> list[bytes]:

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import datetime as dt
+from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
+
+from ..domain.records import StoredRecord
+from .reads import RECORD_COLUMNS, stored_record
 
 # A stream is due when its head (lowest undelivered row) is pending and its time has come.
 # A failed head blocks the rows behind it: per-stream order is never given up silently.
@@ -32,9 +36,9 @@ WHERE state = 'pending' AND next_attempt_at <= now()
 LIMIT $2
 """
 
-_HEAD = """
-SELECT d.sequence, d.event_id, d.attempts, d.next_attempt_at <= now() AS due, d.state,
-       r.kind, r.content_type, r.payload, r.size_bytes, r.object, r.appended_at
+# the record's columns first (``stored_record`` reads them by position); sequence is the join column
+_HEAD = f"""
+SELECT {RECORD_COLUMNS}, d.event_id, d.attempts, d.next_attempt_at <= now() AS due, d.state
 FROM wfs_input_deliveries d
 JOIN wfs_records r USING (run_id, stream_id, sequence)
 WHERE d.run_id = $1 AND d.stream_id = $2 AND d.state IN ('pending', 'failed')
@@ -43,12 +47,27 @@ LIMIT $3
 """
 
 
+@dataclass(frozen=True, slots=True)
+class Undelivered:
+    """An outbox row not yet delivered, with its record."""
+
+    record: StoredRecord
+    event_id: str
+    attempts: int
+    # its next attempt's time has come
+    due: bool
+    state: str  # "pending" or "failed"
+
+
 async def due_streams(conn: asyncpg.Connection, kind: str, limit: int) -> list[str]:
     return [r["key"] for r in await conn.fetch(_DUE_STREAMS, kind, limit)]
 
 
-async def head(conn: asyncpg.Connection, run_id: str, stream_id: str, limit: int) -> list[asyncpg.Record]:
-    return list(await conn.fetch(_HEAD, run_id, stream_id, limit))
+async def head(conn: asyncpg.Connection, run_id: str, stream_id: str, limit: int) -> list[Undelivered]:
+    return [
+        Undelivered(stored_record(r), r["event_id"], r["attempts"], r["due"], r["state"])
+        for r in await conn.fetch(_HEAD, run_id, stream_id, limit)
+    ]
 
 
 async def mark_delivered(conn: asyncpg.Connection, run_id: str, stream_id: str, sequence: int) -> None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import asyncpg
 
@@ -10,12 +12,26 @@ from ..domain.authz import Action, Caller, Principal
 from ..domain.cursor import Bounds, check_cursor
 from ..domain.pins import StreamPins
 from ..domain.placement import check_egress
+from ..domain.records import StoredRecord
 from . import streams
+
+# The columns of a stored record, in ``StoredRecord``'s field order: every query that returns records
+# selects these first, so ``stored_record`` can take them by position.
+RECORD_COLUMNS = "sequence, kind, content_type, payload, size_bytes, object, appended_at"
+_WIDTH = len(StoredRecord._fields)
+# tuple.__new__ straight from the row: the cheapest way to build the value (catch-up reads build one per
+# record); StoredRecord(...) and StoredRecord._make add a Python call each.
+_new_record: Callable[[type[StoredRecord], Iterable[Any]], StoredRecord] = tuple.__new__
+
+
+def stored_record(row: asyncpg.Record) -> StoredRecord:
+    """The one mapping from a row that starts with ``RECORD_COLUMNS`` to a ``StoredRecord``."""
+    return _new_record(StoredRecord, row if len(row) == _WIDTH else row[:_WIDTH])
 
 
 @dataclass(frozen=True)
 class Page:
-    records: list[asyncpg.Record]
+    records: list[StoredRecord]
     bounds: Bounds
     closed: bool
     pins: StreamPins
@@ -23,7 +39,7 @@ class Page:
 
     @property
     def next_after(self) -> int | None:
-        return self.records[-1]["sequence"] if self.records else None
+        return self.records[-1].sequence if self.records else None
 
 
 async def fetch_page(
@@ -48,8 +64,8 @@ async def fetch_page(
             check_egress(stream.pins, client_region)
         bounds = Bounds(earliest=stream.earliest_sequence, latest=stream.last_sequence)
         check_cursor(after, bounds)
-        records = await conn.fetch(
-            """SELECT sequence, kind, content_type, payload, size_bytes, object, appended_at
+        rows = await conn.fetch(
+            f"""SELECT {RECORD_COLUMNS}
                FROM wfs_records WHERE run_id = $1 AND stream_id = $2 AND sequence > $3
                ORDER BY sequence LIMIT $4""",
             run_id,
@@ -57,7 +73,7 @@ async def fetch_page(
             after,
             limit,
         )
-        return Page(list(records), bounds, stream.closed, stream.pins, stream.pins_digest)
+        return Page([stored_record(r) for r in rows], bounds, stream.closed, stream.pins, stream.pins_digest)
 
 
 async def read_page(

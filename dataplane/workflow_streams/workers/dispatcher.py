@@ -102,7 +102,7 @@ class Dispatcher:
         async with self.pool.acquire() as conn:
             rows = await deliveries.head(conn, run_id, stream_id, self.settings.batch)
         for row in rows:
-            if row["state"] == "failed" or not row["due"]:
+            if row.state == "failed" or not row.due:
                 return False  # a failed head blocks the stream; a backing-off head waits
             async with self.pool.acquire() as conn:
                 if not await claims.renew(conn, KIND, key, self.holder, self.lease):
@@ -120,11 +120,11 @@ class Dispatcher:
         conn: asyncpg.Connection,
         run_id: str,
         stream_id: str,
-        row: asyncpg.Record,
+        row: deliveries.Undelivered,
         outcome: Outcome,
         error: str,
     ) -> None:
-        sequence, attempts = row["sequence"], row["attempts"] + 1
+        sequence, attempts = row.record.sequence, row.attempts + 1
         metrics.DELIVERIES.labels(outcome.value).inc()
         if outcome is Outcome.DELIVERED:
             await deliveries.mark_delivered(conn, run_id, stream_id, sequence)
@@ -145,9 +145,9 @@ class Dispatcher:
             )
 
     async def _post(
-        self, http: aiohttp.ClientSession, run_id: str, stream_id: str, row: asyncpg.Record
+        self, http: aiohttp.ClientSession, run_id: str, stream_id: str, row: deliveries.Undelivered
     ) -> tuple[Outcome, str]:
-        body = event_body(run_id, stream_id, row["sequence"], record_json(row))
+        body = event_body(run_id, stream_id, row.record.sequence, record_json(row.record))
         try:
             async with http.post(self.settings.url, json=body, headers={"Idempotency-Key": body["event_id"]}) as resp:
                 await resp.read()

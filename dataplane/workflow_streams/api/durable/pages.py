@@ -9,7 +9,7 @@ from aiohttp import web
 
 from ... import wire
 from ...domain import durable as rules
-from ...domain.records import is_json
+from ...domain.records import StoredRecord, is_json
 from ...store import durable as store
 from ...store import reads
 from . import headers as h
@@ -29,25 +29,25 @@ async def read_page(conn: asyncpg.Connection, meta: store.Meta, after: int) -> r
 def trimmed(page: reads.Page) -> reads.Page:
     total, keep = 0, 0
     for record in page.records:
-        total += record["size_bytes"]
+        total += record.size_bytes
         if keep and total > PAGE_BYTES:
             break
         keep += 1
     return page if keep == len(page.records) else replace(page, records=page.records[:keep])
 
 
-def message(record: asyncpg.Record) -> bytes:
+def message(record: StoredRecord) -> bytes:
     """A record as one JSON message: JSON payloads as stored; anything else (only our own streams hold
     base64 or object records) as the record object our own API returns."""
-    if record["kind"] == "inline" and is_json(record["content_type"]):
-        return bytes(record["payload"])
+    if record.payload is not None and is_json(record.content_type):  # inline (the CHECK: kind = inline iff payload)
+        return record.payload
     return wire.record_bytes(record)
 
 
 def payloads(page: reads.Page, content_type: str) -> list[bytes]:
     if rules.is_json_mode(content_type):
         return [message(r) for r in page.records]
-    return [bytes(r["payload"]) for r in page.records if r["payload"] is not None]
+    return [r.payload for r in page.records if r.payload is not None]
 
 
 def page_body(page: reads.Page, content_type: str) -> bytes:
