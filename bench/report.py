@@ -47,15 +47,16 @@ def write_report(results: dict[str, Any], out: Path) -> None:
         "## Appends: one 100 B record per request, random stream, keep-alive connections",
         "",
         "| case | appends/s | / pgbench -N | / append txn | / with notify | p50 ms | p99 ms | max ms | errors "
-        "| generator CPU | server CPU | Postgres CPU |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: |",
+        "| generator CPU | server CPU | Postgres CPU | autovacuum runs |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: |",
     ]
     for r in results["appends"]:
         lat = r["latency_ms"]
         lines.append(
             f"| {r['case']} | {r['appends_per_s']:,} | {r['x_pgbench_simple']} | {r['x_pgbench_append']} | "
             f"{r['x_pgbench_append_notify']} | {_ms(lat, 'p50')} | {_ms(lat, 'p99')} | {_ms(lat, 'max')} | "
-            f"{_errors(r['errors'])} | {r['generator_cores']} | {r['server_cores']} | {r['postgres_cores']} |"
+            f"{_errors(r['errors'])} | {r['generator_cores']} | {r['server_cores']} | {r['postgres_cores']} | "
+            f"{r.get('autovacuums', '?')} |"
         )
     lines += [
         "",

@@ -158,6 +158,7 @@ async def appends(server: Server, pg: LocalPostgres, timing: Timing, ceilings: d
             runs[streams] = f"a{streams}-{uuid.uuid4().hex[:8]}"
             await generator.run("create", base, TOKEN, run=runs[streams], streams=streams, create=pins())
         meter = Meter(server, postmaster_pid(pg))
+        vacuums = await autovacuums(pg.dsn)
         report = await generator.run(
             "append",
             base,
@@ -182,6 +183,8 @@ async def appends(server: Server, pg: LocalPostgres, timing: Timing, ceilings: d
             "errors": report["errors"],
             "generator_cores": report["cpu_share"],
             **meter.between("measuring", "measured"),
+            # Postgres' own background work in the case (warm-up included): part of its CPU column
+            "autovacuums": await autovacuums(pg.dsn) - vacuums,
             "generator": report,
         }
         out.append(row)
@@ -189,10 +192,25 @@ async def appends(server: Server, pg: LocalPostgres, timing: Timing, ceilings: d
             f"  append {row['case']}: {rate:,.0f}/s (x{row['x_pgbench_simple']} pgbench -N), "
             f"p50 {report['latency_ms']['p50']:.1f} ms p99 {report['latency_ms']['p99']:.1f} ms, "
             f"errors {report['errors'] or 0}; CPU cores: generator {report['cpu_share']}, "
-            f"server {row['server_cores']}, postgres {row['postgres_cores']}",
+            f"server {row['server_cores']}, postgres {row['postgres_cores']} "
+            f"(autovacuum/analyze runs {row['autovacuums']})",
             flush=True,
         )
     return out
+
+
+async def autovacuums(dsn: str) -> int:
+    """Autovacuum and autoanalyze runs finished so far on the database's tables (they show in Postgres'
+    CPU: a case that follows heavy writes may pay for the cleanup of the one before)."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        return int(
+            await conn.fetchval(
+                "SELECT coalesce(sum(autovacuum_count + autoanalyze_count), 0) FROM pg_stat_user_tables"
+            )
+        )
+    finally:
+        await conn.close()
 
 
 # --- live delivery ------------------------------------------------------------------------------
