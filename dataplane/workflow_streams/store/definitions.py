@@ -127,16 +127,16 @@ async def get_stream(
     return _definition(stream), await _state(conn, stream)
 
 
-# THE active-hold predicate (the view of migration 479, which retention and the object janitor ask too)
+# THE active-hold predicate (the view of migrations 479 and 481, which retention and the object janitor
+# ask too): every question about active holds, whether a stream is held or which holds, reads it.
 _HELD = "SELECT EXISTS (SELECT 1 FROM wfs_active_holds WHERE run_id = $1 AND stream_id = $2)"
 
 
 async def _active_holds(conn: asyncpg.Connection, run_id: str, stream_id: str) -> list[dict[str, Any]]:
-    """The stream's active holds with who placed them and why. ``wfs_active_holds`` says only whether a
-    stream is held; listing each hold's columns reads the unreleased rows themselves (the view's rule)."""
+    """The stream's active holds with who placed them and why."""
     holds = await conn.fetch(
-        """SELECT hold_id, reason, held_by, held_at FROM wfs_legal_holds
-           WHERE run_id = $1 AND stream_id = $2 AND released_at IS NULL ORDER BY held_at, hold_id""",
+        """SELECT hold_id, reason, held_by, held_at FROM wfs_active_holds
+           WHERE run_id = $1 AND stream_id = $2 ORDER BY held_at, hold_id""",
         run_id,
         stream_id,
     )
@@ -293,8 +293,8 @@ async def _list_page(
                       array_agg(l.reason ORDER BY l.held_at, l.hold_id) AS reasons,
                       array_agg(l.held_by ORDER BY l.held_at, l.hold_id) AS held_bys,
                       array_agg(l.held_at ORDER BY l.held_at, l.hold_id) AS held_ats
-               FROM wfs_legal_holds l
-               WHERE l.run_id = s.run_id AND l.stream_id = s.stream_id AND l.released_at IS NULL
+               FROM wfs_active_holds l
+               WHERE l.run_id = s.run_id AND l.stream_id = s.stream_id
            ) h ON true
            WHERE s.run_id = $1 AND s.stream_id > $2
            ORDER BY s.stream_id
