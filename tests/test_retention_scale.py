@@ -22,6 +22,7 @@ from tests.waiting import eventually
 from workflow_streams.domain.authz import Principal, Trusted
 from workflow_streams.domain.pins import StreamPins
 from workflow_streams.domain.records import RecordIn
+from workflow_streams.local.process import Process
 from workflow_streams.localpg import LocalPostgres
 from workflow_streams.store import claims, definitions
 from workflow_streams.store.appends import AppendRequest, append_batch
@@ -211,7 +212,10 @@ asyncio.run(main())
 """
 
 
-async def test_due_ness_survives_a_crash_mid_sweep_and_a_database_restart(own_pg: LocalPostgres) -> None:
+@pytest.mark.slow  # its own Postgres cluster, a child process killed mid-sweep, a crash restart
+async def test_due_ness_survives_a_crash_mid_sweep_and_a_database_restart(
+    own_pg: LocalPostgres, tmp_path: Path
+) -> None:
     await apply_migrations(own_pg.dsn)
     conn = await asyncpg.connect(own_pg.dsn)
     pool = await create_pool(own_pg.dsn, 1, 2)
@@ -220,13 +224,11 @@ async def test_due_ness_survives_a_crash_mid_sweep_and_a_database_restart(own_pg
         await _append(pool, "r", ["s00001"], 30_000)
         await _append(pool, "r", ["s00002"], 20)
         # a replica starts the sweep and is killed in the middle of the big stream
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-c",
-            _SWEEPER,
-            own_pg.dsn,
-            stdout=asyncio.subprocess.PIPE,
+        proc = Process(
+            [sys.executable, "-c", _SWEEPER, own_pg.dsn],
+            log=tmp_path / "sweeper.log",
             env={**os.environ, "PYTHONPATH": str(REPO / "dataplane")},
+            name="sweeper",
         )
         try:
             await eventually(
@@ -235,8 +237,8 @@ async def test_due_ness_survives_a_crash_mid_sweep_and_a_database_restart(own_pg
             )
         finally:
             proc.kill()
-            output, _ = await proc.communicate()
-        assert b"finished" not in output
+            proc.stop()
+        assert "finished" not in proc.output()
         earliest = await conn.fetchval("SELECT earliest_sequence FROM wfs_streams WHERE stream_id = 's00001'")
         assert earliest < 29_991, "the sweep was killed before it finished"
         # the big stream is still due; its claim is the dead replica's until the lease runs out
