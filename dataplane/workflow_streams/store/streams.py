@@ -110,9 +110,16 @@ async def load(
     transaction. With ``caller``, ``right`` is checked on the loaded row (``Forbidden``) before anything
     else is decided; ``caller=None`` is for internal work and for callers that authorized this very
     stream earlier in the same request (a subscription's later pages)."""
-    stream = await find(conn, run_id, stream_id, lock=lock)
-    if stream is None:
+    return checked(await conn.fetchrow(_LOAD_LOCKED if lock else _LOAD, run_id, stream_id), caller, right)
+
+
+def checked(row: Mapping[str, Any] | None, caller: Caller | None, right: Right = "see") -> StreamRow:
+    """How a fetched row (``COLUMNS``, maybe among others) becomes a stream for a caller: missing is
+    ``StreamNotFound``, then ``right`` is checked. For queries that read the row with more in one
+    statement (``reads.fetch_page``)."""
+    if row is None:
         raise StreamNotFound("no such stream")
+    stream = row_of(row)
     if caller is not None:
         stream.authorize(caller, right)
     return stream
