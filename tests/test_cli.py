@@ -227,7 +227,7 @@ async def test_an_object_store_missing_is_permanent(database_url: str, tmp_path:
         blob.write_bytes(b"x" * 100_000)
         started = time.monotonic()
         result = await acli("append", "run", "o", "--file", str(blob), env=env)
-        one_line_error(result, "503 object_region_unavailable")
+        one_line_error(result, "421 object_region_unavailable")
         assert time.monotonic() - started < 30, "not retried for a minute: the store will not appear"
     finally:
         plain.stop()

@@ -40,7 +40,9 @@ STATUS: dict[type[errors.StreamError], int] = {
     errors.ObjectEvidenceMismatch: 409,
     errors.IntentState: 409,
     errors.IntentExpired: 409,
-    errors.ObjectRegionUnavailable: 503,
+    # 421 Misdirected Request: the stream pins object regions this data plane does not serve; retrying
+    # here never helps (a 503 told clients to), a data plane serving the region can answer
+    errors.ObjectRegionUnavailable: 421,
     errors.StreamHeld: 409,
     errors.RequestTimeout: 408,
     errors.PlacementViolation: 403,

@@ -23,7 +23,8 @@ PREFIX = "/api/workflow-streams"
 _RETRYABLE = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError)
 # statuses worth waiting for: the same request may succeed later
 TRANSIENT_STATUSES = frozenset({408, 425, 429, 502, 503, 504})
-# ... unless the problem says it will not: configuration, not load or a restart
+# ... unless the problem says it will not: configuration, not load or a restart (servers now answer
+# this one with 421; older ones said 503)
 PERMANENT_CODES = frozenset({"object_region_unavailable"})
 
 RetryWait = Callable[[float, str], Awaitable[None]]
@@ -49,7 +50,7 @@ class StreamsClient:
     refused, unknown host; default ``max_wait``, which rides out a server restart). A command-line
     tool wants this short: a wrong URL is not going to start answering.
     ``retry_wait``: does the waiting between retries (default: sleep and log); a CLI shows a countdown.
-    Permanent problems (any other 4xx, a 503 for an object region this server has no store for)
+    Permanent problems (any other 4xx, e.g. 421 for an object region this server has no store for)
     are raised at once.
     """
 
