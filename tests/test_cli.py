@@ -8,7 +8,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -187,13 +186,12 @@ async def test_permanent_errors_are_one_line_at_once(server: Replica, env: dict[
     one_line_error(await acli("read", "run", "e", "--after", "9", env=env), "400 future_cursor")
 
     refused_port = free_port()  # nothing listens there
-    started = time.monotonic()
+    # reported, not retried: without a terminal every retry prints a "retrying in" line on stderr, and
+    # one_line_error allows exactly one line
     unreachable = await acli("tail", "run", "e", "--url", f"http://127.0.0.1:{refused_port}", env=env)
     one_line_error(unreachable, "unreachable")
     appended = await acli("append", "run", "e", "1", "--url", f"http://127.0.0.1:{refused_port}", env=env)
     one_line_error(appended, "unreachable")
-    # a functional bound only: retrying for its minute would exceed it by far
-    assert time.monotonic() - started < 30, "connection refused is reported, not retried for a minute"
 
     no_kubeconfig = {**env, "KUBECONFIG": str(tmp_path / "absent")}
     held = await acli("hold", "s", "--matter", "m", "--reason", "r", "--requested-by", "x", env=no_kubeconfig)
@@ -225,10 +223,9 @@ async def test_an_object_store_missing_is_permanent(database_url: str, tmp_path:
         await acli("create", "run", "o", "--pins", "-", env=env, stdin=json.dumps(pins()))
         blob = tmp_path / "blob.bin"
         blob.write_bytes(b"x" * 100_000)
-        started = time.monotonic()
         result = await acli("append", "run", "o", "--file", str(blob), env=env)
+        # not retried (the store will not appear): a retry would print a "retrying in" line on stderr
         one_line_error(result, "421 object_region_unavailable")
-        assert time.monotonic() - started < 30, "not retried for a minute: the store will not appear"
     finally:
         plain.stop()
 
