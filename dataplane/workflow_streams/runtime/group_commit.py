@@ -43,7 +43,12 @@ _REJECTION_REASONS: dict[type[StreamError], str] = {
 
 
 class GroupCommit:
-    def __init__(self, pool: asyncpg.Pool, hub: WakeHub, *, max_batch: int = 512, max_inflight: int = 2) -> None:
+    # transactions in flight at once: while some commit, the next batch gathers
+    MAX_INFLIGHT = 2
+
+    def __init__(
+        self, pool: asyncpg.Pool, hub: WakeHub, *, max_batch: int = 512, max_inflight: int = MAX_INFLIGHT
+    ) -> None:
         self._pool = pool
         self._hub = hub
         self._max_batch = max_batch
