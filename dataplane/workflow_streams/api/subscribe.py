@@ -22,10 +22,9 @@ from aiohttp import HttpVersion11, web
 from aiohttp.abc import AbstractStreamWriter
 
 from .. import metrics
-from ..domain.authz import Principal, require
+from ..domain.authz import Principal
 from ..domain.cursor import parse_cursor
 from ..domain.errors import InvalidInput, StreamError, StreamNotFound, TooManySubscriptions
-from ..domain.placement import check_egress
 from ..runtime import wakes
 from ..runtime.reads import SharedPage, SharedReads
 from ..store import gaps, reads
@@ -259,9 +258,7 @@ async def _first_page(
             await reads.read_page(conn, run_id, stream_id, after, PAGE, principal, "subscribe", region)
         raise  # not reached unless the stream changed between the two reads
     # what read_page checks first, checked here on the shared page's pins
-    require(shared.page.pins.authorization, principal, "subscribe")
-    if region is not None:
-        check_egress(shared.page.pins, region)
+    reads.authorize(shared.page.pins, principal, "subscribe", region)
     return shared
 
 
@@ -323,15 +320,8 @@ def gap_recorder(pool: asyncpg.Pool) -> Callable[[str, str, int, int], None]:
     """The fan-out's report of skipped wakes, recorded as gap evidence in the background."""
     pending: set[asyncio.Task[None]] = set()
 
-    async def record(run_id: str, stream_id: str, expected: int, observed: int) -> None:
-        try:
-            async with pool.acquire() as conn:
-                await gaps.record_gap(conn, run_id, stream_id, expected, observed, detected_by="sse")
-        except DB_UNAVAILABLE as exc:
-            log.warning("could not record gap evidence: %s", exc)
-
     def report(run_id: str, stream_id: str, expected: int, observed: int) -> None:
-        task = asyncio.create_task(record(run_id, stream_id, expected, observed))
+        task = asyncio.create_task(_record_gap(pool, run_id, stream_id, expected, observed))
         pending.add(task)
         task.add_done_callback(pending.discard)
 
@@ -382,11 +372,16 @@ async def _note_gap(pool: asyncpg.Pool, run_id: str, stream_id: str, wake: wakes
     fills the gap from Postgres, and the evidence is kept."""
     first = wake.first_announced
     if first is not None and first > last + 1:
-        try:
-            async with pool.acquire() as conn:
-                await gaps.record_gap(conn, run_id, stream_id, last + 1, first, detected_by="sse")
-        except DB_UNAVAILABLE as exc:
-            log.warning("could not record gap evidence: %s", exc)
+        await _record_gap(pool, run_id, stream_id, last + 1, first)
+
+
+async def _record_gap(pool: asyncpg.Pool, run_id: str, stream_id: str, expected: int, observed: int) -> None:
+    """Keep gap evidence; a database that is away costs the evidence, never the subscription."""
+    try:
+        async with pool.acquire() as conn:
+            await gaps.record_gap(conn, run_id, stream_id, expected, observed, detected_by="sse")
+    except DB_UNAVAILABLE as exc:
+        log.warning("could not record gap evidence: %s", exc)
 
 
 async def close_open_streams(app: web.Application) -> None:

@@ -8,6 +8,7 @@ from typing import Any
 
 import asyncpg
 
+from ..domain import authz
 from ..domain.authz import Action, Caller, Principal
 from ..domain.cursor import Bounds, check_cursor
 from ..domain.pins import StreamPins
@@ -47,19 +48,28 @@ class Page:
 # The stream's row and the page after the cursor in one statement: one snapshot (a concurrent prune can
 # never become a silent gap) and one round trip, where a read-only transaction around two queries took
 # four (BEGIN, stream, records, COMMIT) — every subscriber's first page and every fan-out read pays it.
-# The first branch is the stream's row (``part`` 0), the second the records in sequence order; each
-# branch's missing columns are NULLs. (An ARRAY of ROW()s in one row was tried first: it read 1 KiB
-# records 40 % slower, the array built whole in Postgres and decoded element by element.)
+# The first branch is the stream's row (``part`` 0), the second the records in sequence order, their
+# columns first as ``stored_record`` takes them; each branch's missing columns are NULLs. (An ARRAY of
+# ROW()s in one row was tried first: it read 1 KiB records 40 % slower, the array built whole in
+# Postgres and decoded element by element.)
 _PAGE = f"""
 WITH s AS (SELECT {streams.COLUMNS} FROM wfs_streams WHERE run_id = $1 AND stream_id = $2)
-SELECT 0 AS part, {RECORD_NULLS}, s.* FROM s
+SELECT {RECORD_NULLS}, 0 AS part, s.* FROM s
 UNION ALL
-SELECT 1, r.*, {STREAM_NULLS}
+SELECT r.*, 1, {STREAM_NULLS}
 FROM s, LATERAL (
     SELECT {RECORD_COLUMNS} FROM wfs_records
     WHERE run_id = $1 AND stream_id = $2 AND sequence > $3 ORDER BY sequence LIMIT $4
 ) r
 """
+
+
+def authorize(pins: StreamPins, caller: Caller, right: Action, client_region: str | None) -> None:
+    """What every read checks, before anything else is decided: the caller's right, then its region
+    against the egress pins (``fetch_page``, and a subscription joining a page read for others)."""
+    authz.authorize(pins.authorization, caller, right)
+    if client_region is not None:
+        check_egress(pins, client_region)
 
 
 async def fetch_page(
@@ -81,12 +91,12 @@ async def fetch_page(
     rows = await conn.fetch(_PAGE, run_id, stream_id, after, limit)
     # the stream's row comes first (Postgres appends the branches in order; found by ``part`` anyway)
     head = next((row for row in rows if row["part"] == 0), None)
-    stream = streams.checked(head, caller, right)
-    if caller is not None and client_region is not None:
-        check_egress(stream.pins, client_region)
+    stream = streams.checked(head, None)
+    if caller is not None:
+        authorize(stream.pins, caller, right, client_region)
     bounds = Bounds(earliest=stream.earliest_sequence, latest=stream.last_sequence)
     check_cursor(after, bounds)
-    records = [_new_record(StoredRecord, row[1 : 1 + _WIDTH]) for row in rows if row["part"] == 1]
+    records = [stored_record(row) for row in rows if row["part"] == 1]
     return Page(records, bounds, stream.closed, stream.pins, stream.pins_digest)
 
 
