@@ -120,12 +120,20 @@ def process_tree(root: int) -> dict[int, list[str]]:
     return tree
 
 
-def process_tree_cpu(root: int) -> float:
-    """CPU seconds (user + system) of ``root`` and its descendants, dead ones included: a process that
+def process_tree_times(root: int) -> tuple[float, float]:
+    """User and system CPU seconds of ``root`` and its descendants, dead ones included: a process that
     exited (a Postgres backend whose connection closed) took its CPU with it from the live sum, which
     made a window's figure negative; once reaped, its time is in its parent's cutime/cstime."""
+    tree = process_tree(root).values()
     # fields 14, 15: utime, stime; 16, 17: cutime, cstime (children waited for)
-    return sum(int(f[11]) + int(f[12]) + int(f[13]) + int(f[14]) for f in process_tree(root).values()) / _TICKS
+    user = sum(int(f[11]) + int(f[13]) for f in tree)
+    system = sum(int(f[12]) + int(f[14]) for f in tree)
+    return user / _TICKS, system / _TICKS
+
+
+def process_tree_cpu(root: int) -> float:
+    """CPU seconds (user + system) of ``root`` and its descendants, dead ones included."""
+    return sum(process_tree_times(root))
 
 
 def process_tree_rss(root: int) -> int:

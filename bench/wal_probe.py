@@ -15,19 +15,9 @@ from pathlib import Path
 import asyncpg
 
 from bench import generator
-from bench.harness import PREFIX, TOKEN, Server, pins, postmaster_pid, process_tree, start_postgres
+from bench.harness import PREFIX, TOKEN, Server, pins, postmaster_pid, process_tree_times, start_postgres
 
 _WAL = "SELECT wal_records, wal_fpi, wal_bytes, wal_sync FROM pg_stat_wal"
-_TICKS = 100
-
-
-def postgres_user_system(root: int) -> tuple[float, float]:
-    """User and system CPU seconds of the cluster's processes, waited-for children included."""
-    user = system = 0
-    for fields in process_tree(root).values():
-        user += int(fields[11]) + int(fields[13])
-        system += int(fields[12]) + int(fields[14])
-    return user / _TICKS, system / _TICKS
 
 
 async def main(seconds: int = 8) -> None:
@@ -41,12 +31,12 @@ async def main(seconds: int = 8) -> None:
         try:
             for conns in (8, 128, 8):
                 await conn.execute("CHECKPOINT")
-                wal0, cpu0 = await conn.fetchrow(_WAL), postgres_user_system(postmaster_pid(pg))
+                wal0, cpu0 = await conn.fetchrow(_WAL), process_tree_times(postmaster_pid(pg))
                 report = await generator.run(
                     "append", base, TOKEN, run="w", streams=1000, conns=conns, warmup="0s", duration=f"{seconds}s"
                 )
                 await asyncio.sleep(0.6)  # backends report their WAL statistics when idle
-                wal1, cpu1 = await conn.fetchrow(_WAL), postgres_user_system(postmaster_pid(pg))
+                wal1, cpu1 = await conn.fetchrow(_WAL), process_tree_times(postmaster_pid(pg))
                 n = report["requests_ok"]
                 print(
                     f"conns {conns}: {n / seconds:,.0f} appends/s; Postgres user {cpu1[0] - cpu0[0]:.2f} s, "
