@@ -59,6 +59,24 @@ async def test_append_report_matches_what_the_server_stored(server: str) -> None
     assert stored >= report["requests_ok"]
 
 
+async def test_read_counts_only_pages_answered_200(server: str) -> None:
+    """Reads of existing streams count; a stream that does not exist is counted as its status, not as a read."""
+    await generator.run(
+        "append", server, TOKEN, run="smoke-r", streams=2, conns=1, warmup="0s", duration="0.3s", create=pins()
+    )
+    report = await generator.run("read", server, TOKEN, run="smoke-r", streams=2, conns=2, warmup="0.2s", duration="1s")
+    assert report["mode"] == "read" and report["connections"] == 2 and report["after"] == 0
+    assert report["errors"] == {}
+    assert report["requests_ok"] > 0 and report["latency_ms"]["n"] == report["requests_ok"]
+    assert report["bytes_per_s"] > 0 and report["cpu_seconds"] >= 0
+    # absent-0 was never created: answered like a stream the caller may not see (403), never a 200
+    missing = await generator.run(
+        "read", server, TOKEN, run="smoke-r", prefix="absent-", streams=1, conns=1, warmup="0s", duration="0.3s"
+    )
+    assert missing["requests_ok"] == 0 and sum(missing["errors"].values()) > 0
+    assert set(missing["errors"]) <= {"403", "404"}, missing["errors"]
+
+
 async def test_sse_subscribers_see_every_record_once_in_order(server: str) -> None:
     phases: list[str] = []
     report = await generator.run(

@@ -4,9 +4,10 @@
 //
 //	wfs-loadgen append -url http://127.0.0.1:8080/api/workflow-streams -token T -run r -streams 1000 -conns 32 -duration 10s
 //	wfs-loadgen sse    -url ... -token T -run r -streams 1000 -subscribers 10000 -rate 100 -duration 10s
+//	wfs-loadgen read   -url ... -token T -run r -streams 1000000 -conns 8 -after 5 -duration 10s
 //	wfs-loadgen create -url ... -token T -run r -streams 1000 -create '{"direction": ...}'
 //
-// Each subcommand writes "phase: <name>" lines to stderr as it moves between phases (append:
+// Each subcommand writes "phase: <name>" lines to stderr as it moves between phases (append, read:
 // warming, measuring, measured; sse: connecting, appending, draining, done), so a caller can sample
 // the server's CPU over exactly the measured window.
 package main
@@ -29,6 +30,8 @@ func main() {
 	switch os.Args[1] {
 	case "append":
 		err = runAppend(os.Args[2:])
+	case "read":
+		err = runRead(os.Args[2:])
 	case "sse":
 		err = runSSE(os.Args[2:])
 	case "create":
@@ -60,7 +63,7 @@ func runCreate(args []string) error {
 }
 
 func usage() {
-	fmt.Fprintln(os.Stderr, "usage: wfs-loadgen append|sse|create [flags] (-h for the flags of each)")
+	fmt.Fprintln(os.Stderr, "usage: wfs-loadgen append|read|sse|create [flags] (-h for the flags of each)")
 	os.Exit(2)
 }
 

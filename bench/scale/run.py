@@ -10,8 +10,9 @@ Then measures, each as a ratio to its goal or to the small database measured in 
 
 1. bytes on disk per 100-byte record, heap + TOAST + indexes (``pg_total_relation_size``);
 2. a pruner sweep with nothing due, and with 1,000 streams made due by real appends;
-3. append latency (``wfs-loadgen append``, over HTTP to ``workflow-streams serve``) and read latency
-   (aiohttp GETs) on the large database against the small one;
+3. append and read latency (``wfs-loadgen append`` and ``wfs-loadgen read``, over HTTP to
+   ``workflow-streams serve``, the generator's own CPU beside each figure) on the large database against
+   the small one;
 4. the pruner keeping up with 2,000 appends/s into streams at their limit (appends through the real
    append statement, the pruner sweeping every second): records beyond the limit after each sweep;
 5. the longest append stall while one stream with a million prunable records (``--quick``: 100,000)
@@ -32,11 +33,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import asyncpg
 
 from bench import generator
-from bench.harness import PREFIX, TOKEN, Server, machine, percentiles, pins, raise_open_files_limit, start_postgres
+from bench.harness import PREFIX, TOKEN, Server, machine, pins, raise_open_files_limit, start_postgres
 from workflow_streams.domain.authz import Principal
 from workflow_streams.domain.pins import StreamPins
 from workflow_streams.domain.records import RecordIn
@@ -175,25 +175,23 @@ async def sweeps(dsn: str, streams: int) -> dict[str, Any]:
 
 
 async def reads(base: str, streams: int, seconds: float, conns: int = 8) -> dict[str, Any]:
-    """GET the records of random streams among ``streams``, ``conns`` at a time, for ``seconds``."""
-    samples: list[float] = []
-    stop_at = time.perf_counter() + seconds
-    headers = {"Authorization": f"Bearer {TOKEN}"}
-    async with aiohttp.ClientSession(headers=headers, connector=aiohttp.TCPConnector(limit=conns)) as http:
-
-        async def loop(seed: int) -> None:
-            rng = random.Random(seed)
-            while time.perf_counter() < stop_at:
-                # after=5: always retained, the last 10 records are kept
-                url = f"{base}{PREFIX}/runs/bench/streams/bench-{rng.randrange(streams)}/records?after=5"
-                began = time.perf_counter()
-                async with http.get(url) as resp:
-                    await resp.read()
-                    assert resp.status == 200, resp.status
-                samples.append((time.perf_counter() - began) * 1000)
-
-        await asyncio.gather(*(loop(i) for i in range(conns)))
-    return {"latency_ms": percentiles(samples), "reads_per_s": len(samples) / seconds}
+    """``wfs-loadgen read``: GETs of the page after the cursor of random streams among ``streams``, ``conns``
+    at a time (the same connections as the appends), every answer checked for 200. Compiled, with its
+    own CPU in the report: a Python client on these two cores saturated before the server did, and
+    its own scheduling delays were part of every figure."""
+    # after=5: always retained (every stream keeps its last 10 records), so every read returns 5 records
+    return await generator.run(
+        "read",
+        base,
+        TOKEN,
+        run="bench",
+        prefix="bench-",
+        streams=streams,
+        conns=conns,
+        after=5,
+        warmup="2s",
+        duration=f"{seconds}s",
+    )
 
 
 async def latency(server: Server, streams: int, seconds: float) -> dict[str, Any]:
@@ -209,7 +207,7 @@ async def latency(server: Server, streams: int, seconds: float) -> dict[str, Any
         warmup="2s",
         duration=f"{seconds}s",
     )
-    return {"append": append, "read": await reads(server.url, streams, seconds)}
+    return {"append": append, "read": await reads(base, streams, seconds)}
 
 
 async def sustained(dsn: str, seconds: float, rate: int = 2000, streams: int = 1000) -> dict[str, Any]:
@@ -353,7 +351,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 server.stop()
             print(
                 f"  {name}: append p50 {lat[name]['append']['latency_ms']['p50']} ms, "
-                f"read p50 {lat[name]['read']['latency_ms']['p50']:.2f} ms",
+                f"read p50 {lat[name]['read']['latency_ms']['p50']:.2f} ms "
+                f"(generator CPU append {lat[name]['append']['cpu_share']:.2f}, "
+                f"read {lat[name]['read']['cpu_share']:.2f})",
                 flush=True,
             )
         for name in ("large_1000", "large_all"):
@@ -394,6 +394,13 @@ def report(r: dict[str, Any]) -> str:
     d, s, lat, su, bp = r["disk"], r["sweeps"], r["latency"], r["sustained"], r["big_prune"]
     a = lambda name, q: lat[name]["append"]["latency_ms"][q]  # noqa: E731
     rd = lambda name, q: lat[name]["read"]["latency_ms"][q]  # noqa: E731
+
+    def gen(name: str, what: str) -> str:
+        """The generator's rate and its own CPU beside a latency figure: a saturated generator shows here."""
+        g = lat[name][what]
+        rate = g["appends_per_s"] if what == "append" else g["reads_per_s"]
+        return f"{rate:,.0f}/s, generator CPU {g['cpu_share'] * 100:.0f}% of a core"
+
     lines = [
         f"# Scale benchmark ({r['mode']}): {r['large_streams']:,} streams x {r['records_per_stream']} records",
         "",
@@ -404,16 +411,19 @@ def report(r: dict[str, Any]) -> str:
         "| --- | ---: | ---: |",
         f"| sweep, 1,000 due (median of 3) | {s['due_1000_s']['median']:.3f} s | < 2 s |",
         f"| sweep, none due (median of 7) | {s['none_due_s']['median'] * 1000:.1f} ms | < 100 ms |",
-        f"| append p50 / p99, 1,000-stream db | {a('small_1000', 'p50')} / {a('small_1000', 'p99')} ms | |",
+        f"| append p50 / p99, 1,000-stream db | {a('small_1000', 'p50')} / {a('small_1000', 'p99')} ms "
+        f"({gen('small_1000', 'append')}) | |",
         f"| append p50 / p99, large db, 1,000 of its streams | {a('large_1000', 'p50')} / {a('large_1000', 'p99')} ms "
-        f"(x{lat['large_1000_over_small']['append_p50']:.2f}) | <= x1.2 |",
+        f"(x{lat['large_1000_over_small']['append_p50']:.2f}; {gen('large_1000', 'append')}) | <= x1.2 |",
         f"| append p50 / p99, large db, all its streams | {a('large_all', 'p50')} / {a('large_all', 'p99')} ms "
-        f"(x{lat['large_all_over_small']['append_p50']:.2f}) | <= x1.2 |",
-        f"| read p50 / p99, 1,000-stream db | {rd('small_1000', 'p50'):.2f} / {rd('small_1000', 'p99'):.2f} ms | |",
+        f"(x{lat['large_all_over_small']['append_p50']:.2f}; {gen('large_all', 'append')}) | <= x1.2 |",
+        f"| read p50 / p99, 1,000-stream db | {rd('small_1000', 'p50'):.2f} / {rd('small_1000', 'p99'):.2f} ms "
+        f"({gen('small_1000', 'read')}) | |",
         f"| read p50 / p99, large db, 1,000 of its streams | {rd('large_1000', 'p50'):.2f} / "
-        f"{rd('large_1000', 'p99'):.2f} ms (x{lat['large_1000_over_small']['read_p50']:.2f}) | <= x1.2 |",
+        f"{rd('large_1000', 'p99'):.2f} ms (x{lat['large_1000_over_small']['read_p50']:.2f}; "
+        f"{gen('large_1000', 'read')}) | <= x1.2 |",
         f"| read p50 / p99, large db, all its streams | {rd('large_all', 'p50'):.2f} / {rd('large_all', 'p99'):.2f} ms "
-        f"(x{lat['large_all_over_small']['read_p50']:.2f}) | <= x1.2 |",
+        f"(x{lat['large_all_over_small']['read_p50']:.2f}; {gen('large_all', 'read')}) | <= x1.2 |",
         f"| sustained appends into streams at their limit | {su['appends_per_s']:.0f}/s, pruner busy "
         f"{su['pruner_duty'] * 100:.0f}% of the time, excess after sweeps first/max/last "
         f"{su['excess_records_after_sweep']['first']}/{su['excess_records_after_sweep']['max']}/"

@@ -1,0 +1,150 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"io"
+	"math/rand"
+	"net/http"
+	"sync"
+	"time"
+)
+
+type readReport struct {
+	Mode        string         `json:"mode"`
+	Connections int            `json:"connections"`
+	Streams     int            `json:"streams"`
+	After       int64          `json:"after"`
+	WarmupS     float64        `json:"warmup_s"`
+	DurationS   float64        `json:"duration_s"`
+	RequestsOK  int            `json:"requests_ok"`
+	Errors      map[string]int `json:"errors"`
+	ReadsPerS   float64        `json:"reads_per_s"`
+	BytesPerS   float64        `json:"bytes_per_s"`
+	LatencyMS   Latency        `json:"latency_ms"`
+	CPUSeconds  float64        `json:"cpu_seconds"`
+	CPUShare    float64        `json:"cpu_share"`
+}
+
+// get reads one page and all of its body (so the keep-alive connection is reused); returns the
+// status and the body's length.
+func (t *target) get(client *http.Client, url string) (int, int64, error) {
+	req, err := http.NewRequest(http.MethodGet, url, nil)
+	if err != nil {
+		return 0, 0, err
+	}
+	req.Header.Set("Authorization", "Bearer "+t.token)
+	resp, err := client.Do(req)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer resp.Body.Close()
+	n, err := io.Copy(io.Discard, resp.Body)
+	return resp.StatusCode, n, err
+}
+
+// runRead: conns connections, each a loop of page reads (GET .../records?after=K) of a random stream.
+// Only a 200 counts; requests that start in the warm-up are not counted. The streams must exist and
+// hold records past K (the caller loads them): this measures reads, not creates.
+func runRead(args []string) error {
+	fs := flag.NewFlagSet("read", flag.ExitOnError)
+	var t target
+	base := t.flags(fs)
+	conns := fs.Int("conns", 8, "keep-alive connections, one request in flight on each")
+	duration := fs.Duration("duration", 10*time.Second, "measured time")
+	warmup := fs.Duration("warmup", 2*time.Second, "time before measuring")
+	after := fs.Int64("after", 0, "the cursor: each read asks for the records after this sequence")
+	_ = fs.Parse(args)
+	if err := t.parse(*base); err != nil {
+		return err
+	}
+	if *conns < 1 {
+		return fmt.Errorf("-conns must be at least 1")
+	}
+	if *after < 0 {
+		return fmt.Errorf("-after must be at least 0")
+	}
+	client := newClient(*conns)
+	if err := t.create(client); err != nil {
+		return err
+	}
+	// built per request, not up front: a million streams would be a million strings held for nothing
+	urlOf := func(i int) string { return fmt.Sprintf("%s?after=%d", t.recordsURL(i), *after) }
+
+	type result struct {
+		ok        int
+		bytes     int64
+		errors    map[string]int
+		latencies []time.Duration
+	}
+	results := make([]result, *conns)
+	start := time.Now()
+	from, until := start.Add(*warmup), start.Add(*warmup+*duration)
+	var cpuFrom, cpuUntil float64
+	var wg sync.WaitGroup
+	wg.Add(1)
+	phase("warming")
+	go func() { // CPU is sampled at the window's edges, not at process start
+		defer wg.Done()
+		time.Sleep(time.Until(from))
+		cpuFrom = cpuSeconds()
+		phase("measuring")
+		time.Sleep(time.Until(until))
+		cpuUntil = cpuSeconds()
+		phase("measured")
+	}()
+	for w := 0; w < *conns; w++ {
+		wg.Add(1)
+		go func(r *result, seed int64) {
+			defer wg.Done()
+			rng := rand.New(rand.NewSource(seed))
+			r.errors = map[string]int{}
+			for {
+				url := urlOf(rng.Intn(t.streams))
+				began := time.Now()
+				if !began.Before(until) {
+					return
+				}
+				status, n, err := t.get(client, url)
+				took := time.Since(began)
+				counted := !began.Before(from)
+				if err == nil && status == 200 {
+					if counted {
+						r.ok++
+						r.bytes += n
+						r.latencies = append(r.latencies, took)
+					}
+					continue
+				}
+				if counted {
+					r.errors[errorKey(status, err)]++
+				}
+				if err != nil {
+					time.Sleep(10 * time.Millisecond) // a refused connection must not spin
+				}
+			}
+		}(&results[w], start.UnixNano()+int64(w))
+	}
+	wg.Wait()
+
+	out := readReport{
+		Mode: "read", Connections: *conns, Streams: t.streams, After: *after,
+		WarmupS: warmup.Seconds(), DurationS: duration.Seconds(), Errors: map[string]int{},
+	}
+	var all []time.Duration
+	var bytes int64
+	for _, r := range results {
+		out.RequestsOK += r.ok
+		bytes += r.bytes
+		all = append(all, r.latencies...)
+		for k, v := range r.errors {
+			out.Errors[k] += v
+		}
+	}
+	out.ReadsPerS = round3(float64(out.RequestsOK) / duration.Seconds())
+	out.BytesPerS = round3(float64(bytes) / duration.Seconds())
+	out.LatencyMS = summarize(all)
+	out.CPUSeconds = round3(cpuUntil - cpuFrom)
+	out.CPUShare = round3((cpuUntil - cpuFrom) / duration.Seconds())
+	return report(out)
+}
