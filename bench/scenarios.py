@@ -19,6 +19,7 @@ import asyncpg
 from bench import generator
 from bench.harness import AUTH, PREFIX, TOKEN, Server, listen_overflows, pins, postmaster_pid, process_tree_cpu
 from workflow_streams.localpg import LocalPostgres
+from workflow_streams.store.reads import RECORD_COLUMNS
 
 PGBENCH_SCRIPTS = Path(__file__).resolve().parent / "pgbench"
 
@@ -316,8 +317,10 @@ async def catch_up(server: Server, dsn: str, count: int) -> dict[str, Any]:
     started, after, got = time.perf_counter(), 0, 0
     while got < count:
         rows = await conn.fetch(
-            """SELECT sequence, kind, content_type, payload, size_bytes, object, appended_at FROM wfs_records
-               WHERE run_id = $1 AND stream_id = $2 AND sequence > $3 ORDER BY sequence LIMIT 1000""",
+            # the server's record columns (kind and size computed, migration 482) by the stream's surrogate key
+            f"""SELECT {RECORD_COLUMNS} FROM wfs_records r
+                WHERE r.stream_key = (SELECT stream_key FROM wfs_streams WHERE run_id = $1 AND stream_id = $2)
+                  AND r.sequence > $3 ORDER BY r.sequence LIMIT 1000""",
             run,
             stream,
             after,

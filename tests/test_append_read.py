@@ -178,7 +178,7 @@ async def test_rendered_records_match_the_decoded_form(api: StreamsApi, db: asyn
     await api.append("r", "s", *values)
     body = {"content_type": "text/plain; charset=utf-8", "data_base64": "aGk="}
     await api.append("r", "s", body=body)
-    rows = await db.fetch(f"SELECT {RECORD_COLUMNS} FROM wfs_records ORDER BY sequence")
+    rows = await db.fetch(f"SELECT {RECORD_COLUMNS} FROM wfs_records r ORDER BY r.sequence")
     for record in map(stored_record, rows):
         assert json.loads(wire.record_bytes(record)) == wire.record_json(record)
     page = await (await api.read("r", "s")).json()

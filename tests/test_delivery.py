@@ -70,7 +70,8 @@ async def test_outbox_row_commits_with_the_record(api: StreamsApi, db: asyncpg.C
     await api.append("run-1", "in", 1, 2)
     rows = await db.fetch(
         """SELECT d.sequence, d.event_id FROM wfs_input_deliveries d
-           JOIN wfs_records r USING (run_id, stream_id, sequence) ORDER BY d.sequence"""
+           JOIN wfs_streams s USING (run_id, stream_id)
+           JOIN wfs_records r ON r.stream_key = s.stream_key AND r.sequence = d.sequence ORDER BY d.sequence"""
     )
     assert [(r["sequence"], r["event_id"]) for r in rows] == [(s, event_id("run-1", "in", s)) for s in (1, 2)]
 

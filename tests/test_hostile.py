@@ -23,7 +23,12 @@ async def snapshot(db: asyncpg.Connection) -> tuple[Any, ...]:
     """Everything a request could change."""
     return (
         tuple(await db.fetch("SELECT run_id, stream_id, last_sequence, appended_bytes, closed_at FROM wfs_streams")),
-        tuple(await db.fetch("SELECT run_id, stream_id, sequence, payload FROM wfs_records ORDER BY 1, 2, 3")),
+        tuple(
+            await db.fetch(
+                """SELECT s.run_id, s.stream_id, r.sequence, r.payload, r.object
+                   FROM wfs_records r JOIN wfs_streams s USING (stream_key) ORDER BY 1, 2, 3"""
+            )
+        ),
         tuple(await db.fetch("SELECT * FROM wfs_consumers ORDER BY consumer_id")),
         tuple(await db.fetch("SELECT * FROM wfs_append_receipts ORDER BY idempotency_key")),
         tuple(await db.fetch("SELECT * FROM wfs_legal_holds ORDER BY hold_id")),

@@ -188,7 +188,7 @@ async def test_legal_hold_blocks_pruning_and_s3_delete(api: StreamsApi, s3: Any,
         return not await exists(s3, unheld["object_key"])
 
     await eventually(control_swept, message="the pruner and janitor never swept the unheld stream")
-    held_records = "SELECT count(*) FROM wfs_records WHERE stream_id = 's'"
+    held_records = "SELECT count(*) FROM wfs_records r JOIN wfs_streams s USING (stream_key) WHERE s.stream_id = 's'"
     assert await db.fetchval(held_records) == 3, "the hold stops pruning"
     for key in (before["object_key"], during["object_key"]):
         hold = await s3.get_object_legal_hold(Bucket=s3.bucket, Key=key)

@@ -303,7 +303,11 @@ async def test_hold_blocks_pruning_s3_delete_and_stream_deletion(
         )
     )
     sequence = await ObjectsApi(api, "run-9", "evidence").put(b"the contract", "contract")
-    key = await db.fetchval("SELECT object->>'key' FROM wfs_records WHERE sequence = $1", sequence)
+    key = await db.fetchval(
+        """SELECT r.object->>'key' FROM wfs_records r JOIN wfs_streams s USING (stream_key)
+           WHERE s.run_id = 'run-9' AND s.stream_id = 'evidence' AND r.sequence = $1""",
+        sequence,
+    )
     await api.append("run-9", "evidence", "later")
 
     apply(kube, namespace, hold_manifest("matter-1", "evidence"))

@@ -73,7 +73,10 @@ async def test_a_wake_heard_by_another_process_never_precedes_its_commit(
     async def check(stream: str, last: int) -> None:
         async with lock:
             head = await reader.fetchval(
-                "SELECT max(sequence) FROM wfs_records WHERE run_id = $1 AND stream_id = $2", RUN, stream
+                """SELECT max(r.sequence) FROM wfs_records r JOIN wfs_streams s USING (stream_key)
+                   WHERE s.run_id = $1 AND s.stream_id = $2""",
+                RUN,
+                stream,
             )
         if head is None or head < last:
             missing.append((stream, last, head or 0))
@@ -162,8 +165,10 @@ async def test_opposite_order_group_commits_in_two_processes_never_deadlock(
         )
         assert {r["stream_id"]: r["last_sequence"] for r in counts} == dict.fromkeys(streams, 2 * rounds)
         gaps = await conn.fetchval(
-            """SELECT count(*) FROM (SELECT sequence - lag(sequence) OVER (PARTITION BY stream_id ORDER BY sequence)
-                                       AS step FROM wfs_records WHERE run_id = $1) t WHERE step <> 1""",
+            """SELECT count(*) FROM (SELECT sequence - lag(sequence) OVER (PARTITION BY stream_key ORDER BY sequence)
+                                       AS step FROM wfs_records
+                                     WHERE stream_key IN (SELECT stream_key FROM wfs_streams WHERE run_id = $1)) t
+               WHERE step <> 1""",
             RUN,
         )
         assert gaps == 0

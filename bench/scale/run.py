@@ -8,11 +8,15 @@ Starts its own PostgreSQL (fsync on) with two databases loaded in bulk with SQL 
 
 Then measures, each as a ratio to its goal or to the small database measured in the same run:
 
-1. bytes on disk per 100-byte record, heap + TOAST + indexes (``pg_total_relation_size``);
+1. bytes on disk per 100-byte record, heap + TOAST + indexes (``pg_total_relation_size``): after the
+   bulk load (best case: pages full, in key order) and in steady state (``steady_disk``: a database
+   whose every record has been appended and pruned several times over, with autovacuum);
 2. a pruner sweep with nothing due, and with 1,000 streams made due by real appends;
-3. append and read latency (``wfs-loadgen append`` and ``wfs-loadgen read``, over HTTP to
-   ``workflow-streams serve``, the generator's own CPU beside each figure) on the large database against
-   the small one;
+3. the page read in Postgres alone (pgbench running ``store.reads._PAGE``) on both databases, with
+   the share of page reads that missed shared buffers and a plan with its buffers; then append and
+   read latency (``wfs-loadgen append`` and ``wfs-loadgen read``, over HTTP to ``workflow-streams
+   serve``, in interleaved rounds, the generator's and other processes' CPU beside each figure) on the
+   large database against the small one;
 4. the pruner keeping up with 2,000 appends/s into streams at their limit (appends through the real
    append statement, the pruner sweeping every second): records beyond the limit after each sweep;
 5. the longest append stall while one stream with a million prunable records (``--quick``: 100,000)
@@ -26,9 +30,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime as dt
+import itertools
 import json
+import os
 import random
+import re
 import statistics
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -36,10 +44,22 @@ from typing import Any
 import asyncpg
 
 from bench import generator
-from bench.harness import PREFIX, TOKEN, Server, machine, pins, raise_open_files_limit, start_postgres
+from bench.harness import (
+    PREFIX,
+    TOKEN,
+    Server,
+    machine,
+    pins,
+    postmaster_pid,
+    process_tree_cpu,
+    raise_open_files_limit,
+    start_postgres,
+)
 from workflow_streams.domain.authz import Principal
 from workflow_streams.domain.pins import StreamPins
 from workflow_streams.domain.records import RecordIn
+from workflow_streams.localpg import LocalPostgres
+from workflow_streams.store import reads as reads_store
 from workflow_streams.store.appends import AppendRequest, append_batch
 from workflow_streams.store.db import create_pool
 from workflow_streams.store.migrate import apply_migrations
@@ -63,19 +83,25 @@ def stream_pins() -> StreamPins:
 
 
 async def load(dsn: str, streams: int, per_stream: int, run: str = "bench", prefix: str = "bench-") -> float:
-    """``streams`` streams {prefix}{i}, each with ``per_stream`` records, in bulk; returns seconds."""
+    """``streams`` streams {prefix}{i}, each with ``per_stream`` records, in bulk; returns seconds.
+    Records go in in primary-key order (stream_key, sequence), a chunk of streams at a time, as a freshly
+    built index would lay them out: the figure after the load is the best case, and the steady state
+    after appends and prunes is measured separately (``steady_disk``)."""
     started = time.perf_counter()
     p = stream_pins()
     conn = await asyncpg.connect(dsn)
     try:
         # foreign-key triggers off during the bulk load only: every record's stream exists by construction
         await conn.execute("SET session_replication_role = replica")
-        await conn.execute(
-            """INSERT INTO wfs_streams (run_id, stream_id, pins, pins_digest, created_by, last_sequence,
-                                        appended_bytes, next_prune_at)
-               SELECT $1, $2 || i, $3::jsonb, $4, 'bench', $5::bigint, $5::bigint * 100,
-                      CASE WHEN $5::bigint > $6::bigint THEN now() END
-               FROM generate_series(0, $7::int - 1) AS i""",
+        low, high = await conn.fetchrow(
+            """WITH made AS (
+                   INSERT INTO wfs_streams (run_id, stream_id, pins, pins_digest, created_by, last_sequence,
+                                            appended_bytes, next_prune_at)
+                   SELECT $1, $2 || i, $3::jsonb, $4, 'bench', $5::bigint, $5::bigint * 100,
+                          CASE WHEN $5::bigint > $6::bigint THEN now() END
+                   FROM generate_series(0, $7::int - 1) AS i
+                   RETURNING stream_key)
+               SELECT min(stream_key), max(stream_key) FROM made""",
             run,
             prefix,
             json.dumps(p.stored()),
@@ -85,22 +111,20 @@ async def load(dsn: str, streams: int, per_stream: int, run: str = "bench", pref
             streams,
         )
         chunk = 50_000
-        for low in range(0, streams, chunk):
+        for first in range(low, high + 1, chunk):
             await conn.execute(
-                """INSERT INTO wfs_records (run_id, stream_id, sequence, kind, content_type, payload, size_bytes,
-                                            cumulative_bytes, appended_by, appended_at)
-                   SELECT $1, $2 || i, q, 'inline', 'application/json', $3, 100, q * 100, 'bench', now()
-                   FROM generate_series($4::int, $5::int) AS i, generate_series(1, $6::int) AS q
-                   ORDER BY $2 || i, q""",  # in key order, as a freshly built index would be
-                run,
-                prefix,
+                """INSERT INTO wfs_records (stream_key, sequence, cumulative_bytes, appended_at, content_type,
+                                            appended_by, payload)
+                   SELECT k, q, q * 100, now(), 'application/json', 'bench', $1
+                   FROM generate_series($2::bigint, $3::bigint) AS k, generate_series(1, $4::int) AS q
+                   ORDER BY k, q""",
                 PAYLOAD,
-                low,
-                min(streams, low + chunk) - 1,
+                first,
+                min(high, first + chunk - 1),
                 per_stream,
             )
             if streams > chunk:
-                print(f"  loaded {min(streams, low + chunk):,} / {streams:,} streams", flush=True)
+                print(f"  loaded {min(streams, first - low + chunk):,} / {streams:,} streams", flush=True)
         await conn.execute("VACUUM ANALYZE wfs_streams")
         await conn.execute("VACUUM ANALYZE wfs_records")
     finally:
@@ -129,6 +153,43 @@ async def disk(conn: asyncpg.Connection) -> dict[str, Any]:
     out["indexes_per_record"] = {i["name"]: round(i["bytes"] / row["records"], 1) for i in indexes}
     out["bytes_per_stream_row"] = round(row["streams_total"] / row["streams"], 1)
     out["goal"] = GOALS["bytes_per_record"]
+    return out
+
+
+async def steady_disk(pg: LocalPostgres, seconds: float, streams: int = 5000) -> dict[str, Any]:
+    """Bytes per record in steady state: a fresh database of 1,000 streams at their limit (10 records of
+    100 B), then 2,000 appends/s into them with the pruner sweeping every second (``sustained``) for
+    ``seconds``, several times over every record, and autovacuum at its default thresholds but
+    checking every second (its default minute is longer than the whole run, where in service dead rows
+    pass its 20 % threshold far more slowly than they are checked for). Measured as the run left it:
+    live and dead rows, split pages and the free space vacuum made, all as in service. The bulk load's
+    figure is the best case (every page full, in key order); this one is what a table in use holds."""
+    admin = await asyncpg.connect(pg.dsn)
+    try:
+        await admin.execute("CREATE DATABASE steady")
+        await admin.execute("ALTER SYSTEM SET autovacuum_naptime = '1s'")
+        await admin.execute("SELECT pg_reload_conf()")
+        dsn = pg.dsn_for("steady")
+        await apply_migrations(dsn)
+        await load(dsn, streams, LIMIT)
+        churn = await sustained(dsn, seconds, streams=streams)
+        conn = await asyncpg.connect(dsn)
+        try:
+            out = await disk(conn)
+            vacuum = await conn.fetchrow(
+                """SELECT n_live_tup, n_dead_tup, autovacuum_count, n_tup_ins, n_tup_del
+                   FROM pg_stat_user_tables WHERE relname = 'wfs_records'"""
+            )
+        finally:
+            await conn.close()
+    finally:
+        await admin.execute("ALTER SYSTEM RESET autovacuum_naptime")
+        await admin.execute("SELECT pg_reload_conf()")
+        await admin.close()
+    out["churn"] = {k: churn[k] for k in ("appends_per_s", "sweeps", "excess_records_after_sweep")}
+    out["turnovers"] = round(churn["appends_per_s"] * seconds / (streams * LIMIT), 1)
+    out["streams"] = streams
+    out["vacuum"] = dict(vacuum)
     return out
 
 
@@ -174,40 +235,170 @@ async def sweeps(dsn: str, streams: int) -> dict[str, Any]:
     }
 
 
-async def reads(base: str, streams: int, seconds: float, conns: int = 8) -> dict[str, Any]:
-    """``wfs-loadgen read``: GETs of the page after the cursor of random streams among ``streams``, ``conns``
-    at a time (the same connections as the appends), every answer checked for 200. Compiled, with its
-    own CPU in the report: a Python client on these two cores saturated before the server did, and
-    its own scheduling delays were part of every figure."""
-    # after=5: always retained (every stream keeps its last 10 records), so every read returns 5 records
-    return await generator.run(
-        "read",
-        base,
-        TOKEN,
-        run="bench",
-        prefix="bench-",
-        streams=streams,
-        conns=conns,
-        after=5,
-        warmup="2s",
-        duration=f"{seconds}s",
-    )
+def _machine_jiffies() -> tuple[int, int]:
+    """(busy, total) clock ticks of the whole machine since boot (/proc/stat's first line)."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + fields[4]  # idle, iowait
+    return sum(fields[:8]) - idle, sum(fields[:8])
 
 
-async def latency(server: Server, streams: int, seconds: float) -> dict[str, Any]:
-    base = server.url + PREFIX
-    append = await generator.run(
-        "append",
-        base,
+class Window:
+    """CPU during a generator's measured window (its "measuring" to "measured" phases), in cores: the
+    server's process tree, Postgres' (every backend), and the whole machine's busy time. The machine
+    is shared (other sessions work on it): the machine's busy time minus ours, the generator's
+    included, is what others took while the figure was measured."""
+
+    def __init__(self, server: Server, postgres_pid: int) -> None:
+        self.server, self.postgres_pid = server, postgres_pid
+        self.samples: dict[str, tuple[float, float, float, int, int]] = {}
+
+    def on_phase(self, name: str) -> None:
+        if name in ("measuring", "measured"):
+            busy, total = _machine_jiffies()
+            self.samples[name] = (
+                time.perf_counter(),
+                self.server.cpu_seconds(),
+                process_tree_cpu(self.postgres_pid),
+                busy,
+                total,
+            )
+
+    def cores(self, generator_cpu_s: float) -> dict[str, float]:
+        (t0, s0, p0, b0, n0), (t1, s1, p1, b1, n1) = self.samples["measuring"], self.samples["measured"]
+        seconds = t1 - t0
+        machine = (b1 - b0) / (n1 - n0) * (os.cpu_count() or 1)
+        ours = (s1 - s0 + p1 - p0 + generator_cpu_s) / seconds
+        return {
+            "server": round((s1 - s0) / seconds, 3),
+            "postgres": round((p1 - p0) / seconds, 3),
+            "generator": round(generator_cpu_s / seconds, 3),
+            "machine": round(machine, 3),
+            "others": round(max(0.0, machine - ours), 3),
+        }
+
+
+async def measured(
+    mode: str, server: Server, postgres_pid: int, streams: int, seconds: float, **flags: Any
+) -> dict[str, Any]:
+    """One ``wfs-loadgen`` run (8 connections, 2 s warm-up) with the CPU of its measured window."""
+    window = Window(server, postgres_pid)
+    report = await generator.run(
+        mode,
+        server.url + PREFIX,
         TOKEN,
+        on_phase=window.on_phase,
         run="bench",
         prefix="bench-",
         streams=streams,
         conns=8,
         warmup="2s",
         duration=f"{seconds}s",
+        **flags,
     )
-    return {"append": append, "read": await reads(base, streams, seconds)}
+    report["cores"] = window.cores(report["cpu_seconds"])
+    return report
+
+
+CASES = ("small_1000", "large_1000", "large_all")
+
+
+async def latency(
+    servers: dict[str, Server], postgres_pid: int, large_streams: int, seconds: float, rounds: int
+) -> dict[str, Any]:
+    """Appends (``wfs-loadgen append``) then reads (``wfs-loadgen read``: the page after cursor 5, always
+    retained, 5 records) of each case, in ``rounds`` interleaved rounds: small db, large db on 1,000 of
+    its streams, large db on all. The machine is shared with other work that comes and goes; measured
+    one case after the other, a burst of it lands on one case only, and a ratio of two such windows
+    measured the burst (the first full run read x1.35-1.42 with its Python client). Each figure is the
+    median over rounds of the case's p50; each window's CPU is kept, others' share included."""
+    streams = {"small_1000": 1000, "large_1000": 1000, "large_all": large_streams}
+    runs: dict[str, dict[str, list[dict[str, Any]]]] = {c: {"append": [], "read": []} for c in CASES}
+    for round_ in range(rounds):
+        for case in CASES:
+            server = servers[case.split("_")[0]]
+            runs[case]["append"].append(await measured("append", server, postgres_pid, streams[case], seconds))
+            runs[case]["read"].append(await measured("read", server, postgres_pid, streams[case], seconds, after=5))
+            print(
+                f"  round {round_ + 1} {case}: append p50 {runs[case]['append'][-1]['latency_ms']['p50']} ms, "
+                f"read p50 {runs[case]['read'][-1]['latency_ms']['p50']} ms "
+                f"(cores: {runs[case]['read'][-1]['cores']})",
+                flush=True,
+            )
+    out: dict[str, Any] = {"rounds": rounds, "seconds": seconds, "runs": runs}
+    for case in CASES:
+        out[case] = {
+            what: {
+                "p50_ms": statistics.median(r["latency_ms"]["p50"] for r in runs[case][what]),
+                "p99_ms": statistics.median(r["latency_ms"]["p99"] for r in runs[case][what]),
+                "per_s": statistics.median(
+                    r["appends_per_s" if what == "append" else "reads_per_s"] for r in runs[case][what]
+                ),
+                "generator_cores": max(r["cores"]["generator"] for r in runs[case][what]),
+                "others_cores": statistics.median(r["cores"]["others"] for r in runs[case][what]),
+                "errors": sum(sum(r["errors"].values()) for r in runs[case][what]),
+            }
+            for what in ("append", "read")
+        }
+    for case in ("large_1000", "large_all"):
+        out[f"{case}_over_small"] = {
+            f"{what}_p50": out[case][what]["p50_ms"] / out["small_1000"][what]["p50_ms"] for what in ("append", "read")
+        }
+        # the same ratio within each round: its spread says how far one ratio can be trusted
+        out[f"{case}_over_small"]["read_p50_by_round"] = [
+            round(r["latency_ms"]["p50"] / s["latency_ms"]["p50"], 3)
+            for r, s in zip(runs[case]["read"], runs["small_1000"]["read"], strict=True)
+        ]
+    return out
+
+
+def page_read_script(directory: Path) -> Path:
+    """Exactly the server's page read (``store.reads._PAGE``, the stream's row and the records after
+    cursor 5, at most the API's default 100) as a pgbench script, a random stream per transaction."""
+    sql = (
+        reads_store._PAGE.replace("$1", "'bench'")
+        .replace("$2", "('bench-' || :s)")
+        .replace("$3", "5")
+        .replace("$4", "100")
+    )
+    path = directory / "page_read.sql"
+    path.write_text("\\set s random(0, :streams - 1)\n" + " ".join(sql.split()) + ";\n")
+    return path
+
+
+def _tool(pg: LocalPostgres, name: str, *args: str) -> str:
+    command = [str(pg.bindir / name), "-h", "127.0.0.1", "-p", str(pg.port), "-U", "postgres", *args]
+    return subprocess.run(command, capture_output=True, text=True, check=True).stdout
+
+
+async def page_read_ceiling(
+    pg: LocalPostgres, database: str, streams: int, seconds: float, script: Path
+) -> dict[str, Any]:
+    """The page read with no server in front: pgbench (compiled, prepared statements, 8 clients) on
+    ``streams`` random streams of ``database``, with the share of page reads that missed Postgres'
+    shared buffers (pg_stat_database) and one plan with its buffers, of a stream not read before."""
+    conn = await asyncpg.connect(pg.dsn_for(database))
+    try:
+        blocks = "SELECT blks_hit, blks_read FROM pg_stat_database WHERE datname = current_database()"
+        await conn.execute("SELECT pg_stat_clear_snapshot()")
+        hit0, read0 = await conn.fetchrow(blocks)
+        args = ["-n", "-M", "prepared", "-c", "8", "-j", "2", "-T", str(int(seconds)), "-D", f"streams={streams}"]
+        text = await asyncio.to_thread(_tool, pg, "pgbench", *args, "-f", str(script), database)
+        # pgbench's backends flushed their counters as they exited; a fresh snapshot sees them
+        await conn.execute("SELECT pg_stat_clear_snapshot()")
+        hit1, read1 = await conn.fetchrow(blocks)
+        stream = f"bench-{random.randrange(streams)}"
+        plan = await conn.fetch("EXPLAIN (ANALYZE, BUFFERS) " + reads_store._PAGE, "bench", stream, 5, 100)
+    finally:
+        await conn.close()
+    tps = float(re.search(r"tps = ([\d.]+)", text)[1])  # type: ignore[index]
+    avg = float(re.search(r"latency average = ([\d.]+) ms", text)[1])  # type: ignore[index]
+    return {
+        "streams": streams,
+        "reads_per_s": round(tps),
+        "latency_avg_ms": avg,
+        "shared_buffer_misses": round((read1 - read0) / max(1, hit1 - hit0 + read1 - read0), 4),
+        "plan": [r[0] for r in plan],
+    }
 
 
 async def sustained(dsn: str, seconds: float, rate: int = 2000, streams: int = 1000) -> dict[str, Any]:
@@ -305,6 +496,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     large_streams = 20_000 if args.quick else 1_000_000
     big = 100_000 if args.quick else 1_000_000
     seconds = 5.0 if args.quick else 10.0
+    rounds = 2 if args.quick else 3
     await asyncio.to_thread(generator.binary)
     pg = await start_postgres()
     results: dict[str, Any] = {
@@ -336,33 +528,36 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             f"1,000 due {results['sweeps']['due_1000_s']['median']:.2f} s",
             flush=True,
         )
-        print("append/read latency: small, then large", flush=True)
-        lat: dict[str, Any] = {}
-        for name, dsn, streams in (
-            ("small_1000", small, 1000),
-            ("large_1000", large, 1000),
-            ("large_all", large, large_streams),
+        print("page read without the server (pgbench): small, then large", flush=True)
+        script = page_read_script(out)
+        results["page_read_ceiling"] = ceilings = {"small_1000": [], "large_all": []}
+        for _round, (case, database, streams) in itertools.product(
+            range(rounds), (("small_1000", "small", 1000), ("large_all", "large", large_streams))
         ):
-            server = Server(dsn, out / f"server-{name}.log")
-            try:
-                await server.ready()
-                lat[name] = await latency(server, streams, seconds)
-            finally:
-                server.stop()
+            ceiling = await page_read_ceiling(pg, database, streams, seconds, script)
+            ceilings[case].append(ceiling)
             print(
-                f"  {name}: append p50 {lat[name]['append']['latency_ms']['p50']} ms, "
-                f"read p50 {lat[name]['read']['latency_ms']['p50']:.2f} ms "
-                f"(generator CPU append {lat[name]['append']['cpu_share']:.2f}, "
-                f"read {lat[name]['read']['cpu_share']:.2f})",
+                f"  {case}: {ceiling['reads_per_s']:,} reads/s, avg {ceiling['latency_avg_ms']} ms, "
+                f"{ceiling['shared_buffer_misses'] * 100:.1f}% of page reads missed shared buffers",
                 flush=True,
             )
-        for name in ("large_1000", "large_all"):
-            lat[f"{name}_over_small"] = {
-                "append_p50": lat[name]["append"]["latency_ms"]["p50"]
-                / lat["small_1000"]["append"]["latency_ms"]["p50"],
-                "read_p50": lat[name]["read"]["latency_ms"]["p50"] / lat["small_1000"]["read"]["latency_ms"]["p50"],
-            }
+        print(f"append/read latency: {rounds} interleaved rounds of small, large (1,000), large (all)", flush=True)
+        servers = {name: Server(dsn, out / f"server-{name}.log") for name, dsn in (("small", small), ("large", large))}
+        try:
+            for server in servers.values():
+                await server.ready()
+            lat = await latency(servers, postmaster_pid(pg), large_streams, seconds, rounds)
+        finally:
+            for server in servers.values():
+                server.stop()
         results["latency"] = lat
+        print("disk in steady state: 1,000 streams, 2,000 appends/s with the pruner, autovacuum", flush=True)
+        results["disk_steady"] = steady = await steady_disk(pg, 3 * seconds)
+        print(
+            f"  {steady['bytes_per_record']} bytes per record after {steady['turnovers']} turnovers "
+            f"(heap {steady['heap_per_record']}, indexes {steady['indexes_per_record']}; {steady['vacuum']})",
+            flush=True,
+        )
         print("sustained appends with the pruner", flush=True)
         results["sustained"] = await sustained(large, 3 * seconds)
         print(
@@ -391,56 +586,73 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def report(r: dict[str, Any]) -> str:
-    d, s, lat, su, bp = r["disk"], r["sweeps"], r["latency"], r["sustained"], r["big_prune"]
-    a = lambda name, q: lat[name]["append"]["latency_ms"][q]  # noqa: E731
-    rd = lambda name, q: lat[name]["read"]["latency_ms"][q]  # noqa: E731
+    d, ds, s, lat, su, bp = r["disk"], r["disk_steady"], r["sweeps"], r["latency"], r["sustained"], r["big_prune"]
 
-    def gen(name: str, what: str) -> str:
-        """The generator's rate and its own CPU beside a latency figure: a saturated generator shows here."""
-        g = lat[name][what]
-        rate = g["appends_per_s"] if what == "append" else g["reads_per_s"]
-        return f"{rate:,.0f}/s, generator CPU {g['cpu_share'] * 100:.0f}% of a core"
+    def row(case: str, what: str, label: str) -> str:
+        f = lat[case][what]
+        ratio = f" (x{lat[f'{case}_over_small'][f'{what}_p50']:.2f})" if case != "small_1000" else ""
+        goal = "<= x1.2" if case != "small_1000" else ""
+        return (
+            f"| {what} p50 / p99, {label} | {f['p50_ms']:.2f} / {f['p99_ms']:.2f} ms{ratio} | {f['per_s']:,.0f}/s, "
+            f"generator {f['generator_cores']:.2f} cores, others {f['others_cores']:.2f} | {goal} |"
+        )
 
+    ceil = r["page_read_ceiling"]
+    pg_small = statistics.median(c["latency_avg_ms"] for c in ceil["small_1000"])
+    pg_large = statistics.median(c["latency_avg_ms"] for c in ceil["large_all"])
     lines = [
         f"# Scale benchmark ({r['mode']}): {r['large_streams']:,} streams x {r['records_per_stream']} records",
         "",
         f"Machine: {r['machine']['cpu']}, {r['machine']['cores']} cores, {r['machine']['postgres']}. "
-        "Server, Postgres and the generator share the cores.",
+        "Server, Postgres and the generator share the cores, and other sessions may use them too: each latency "
+        "row gives the generator's CPU (most of any window) and the median CPU other processes took in its "
+        f"windows, in cores. Latency figures are medians over {lat['rounds']} interleaved rounds of "
+        f"{lat['seconds']:g} s per case (8 connections, `wfs-loadgen`).",
         "",
-        "| figure | measured | goal |",
-        "| --- | ---: | ---: |",
-        f"| sweep, 1,000 due (median of 3) | {s['due_1000_s']['median']:.3f} s | < 2 s |",
-        f"| sweep, none due (median of 7) | {s['none_due_s']['median'] * 1000:.1f} ms | < 100 ms |",
-        f"| append p50 / p99, 1,000-stream db | {a('small_1000', 'p50')} / {a('small_1000', 'p99')} ms "
-        f"({gen('small_1000', 'append')}) | |",
-        f"| append p50 / p99, large db, 1,000 of its streams | {a('large_1000', 'p50')} / {a('large_1000', 'p99')} ms "
-        f"(x{lat['large_1000_over_small']['append_p50']:.2f}; {gen('large_1000', 'append')}) | <= x1.2 |",
-        f"| append p50 / p99, large db, all its streams | {a('large_all', 'p50')} / {a('large_all', 'p99')} ms "
-        f"(x{lat['large_all_over_small']['append_p50']:.2f}; {gen('large_all', 'append')}) | <= x1.2 |",
-        f"| read p50 / p99, 1,000-stream db | {rd('small_1000', 'p50'):.2f} / {rd('small_1000', 'p99'):.2f} ms "
-        f"({gen('small_1000', 'read')}) | |",
-        f"| read p50 / p99, large db, 1,000 of its streams | {rd('large_1000', 'p50'):.2f} / "
-        f"{rd('large_1000', 'p99'):.2f} ms (x{lat['large_1000_over_small']['read_p50']:.2f}; "
-        f"{gen('large_1000', 'read')}) | <= x1.2 |",
-        f"| read p50 / p99, large db, all its streams | {rd('large_all', 'p50'):.2f} / {rd('large_all', 'p99'):.2f} ms "
-        f"(x{lat['large_all_over_small']['read_p50']:.2f}; {gen('large_all', 'read')}) | <= x1.2 |",
+        "| figure | measured | load, CPU | goal |",
+        "| --- | ---: | ---: | ---: |",
+        f"| sweep, 1,000 due (median of 3) | {s['due_1000_s']['median']:.3f} s | | < 2 s |",
+        f"| sweep, none due (median of 7) | {s['none_due_s']['median'] * 1000:.1f} ms | | < 100 ms |",
+        row("small_1000", "append", "1,000-stream db"),
+        row("large_1000", "append", "large db, 1,000 of its streams"),
+        row("large_all", "append", "large db, all its streams"),
+        row("small_1000", "read", "1,000-stream db"),
+        row("large_1000", "read", "large db, 1,000 of its streams"),
+        row("large_all", "read", "large db, all its streams"),
+        f"| read ratios by round, large (1,000) / small; large (all) / small | "
+        f"{lat['large_1000_over_small']['read_p50_by_round']}; "
+        f"{lat['large_all_over_small']['read_p50_by_round']} | | |",
+        f"| page read in Postgres alone (pgbench, 8 clients), small / large (all) | {pg_small:.3f} / {pg_large:.3f} ms "
+        f"(x{pg_large / pg_small:.2f}) | shared-buffer misses "
+        f"{statistics.median(c['shared_buffer_misses'] for c in ceil['small_1000']) * 100:.1f}% / "
+        f"{statistics.median(c['shared_buffer_misses'] for c in ceil['large_all']) * 100:.1f}% | |",
         f"| sustained appends into streams at their limit | {su['appends_per_s']:.0f}/s, pruner busy "
         f"{su['pruner_duty'] * 100:.0f}% of the time, excess after sweeps first/max/last "
         f"{su['excess_records_after_sweep']['first']}/{su['excess_records_after_sweep']['max']}/"
-        f"{su['excess_records_after_sweep']['last']} | 2,000/s kept up |",
+        f"{su['excess_records_after_sweep']['last']} | | 2,000/s kept up |",
         f"| big prune: {bp['pruned']:,} records | {bp['prune_s']:.1f} s ({bp['pruned_per_s']:,.0f}/s, "
-        f"{bp['transactions']} transactions) | |",
+        f"{bp['transactions']} transactions) | | |",
         f"| append max / p99 during it (without) | {bp['append_during_prune_ms']['max']} / "
         f"{bp['append_during_prune_ms']['p99']} ms ({bp['append_without_prune_ms']['max']} / "
-        f"{bp['append_without_prune_ms']['p99']} ms) | |",
-        f"| bytes on disk per 100-byte record, indexes included | {d['bytes_per_record']} "
-        f"(heap {d['heap_per_record']}, indexes {d['indexes_per_record']}) | <= 250 |",
-        f"| bytes per stream row (wfs_streams with its indexes) | {d['bytes_per_stream_row']} | |",
+        f"{bp['append_without_prune_ms']['p99']} ms) | | |",
+        f"| bytes on disk per 100-byte record, indexes included, after the bulk load (large db) | "
+        f"{d['bytes_per_record']} (heap {d['heap_per_record']}, indexes {d['indexes_per_record']}) | | <= 250 |",
+        f"| the same in steady state: 1,000 streams at their limit, 2,000 appends/s with the pruner every "
+        f"second and autovacuum, {ds['turnovers']} turnovers | {ds['bytes_per_record']} (heap {ds['heap_per_record']}, "
+        f"indexes {ds['indexes_per_record']}; {ds['records']:,} records, {ds['vacuum']['n_dead_tup']:,} dead, "
+        f"{ds['vacuum']['autovacuum_count']} autovacuums) | | <= 250 |",
+        f"| bytes per stream row (wfs_streams with its indexes) | {d['bytes_per_stream_row']} | | |",
         "",
         "Due-index plan (sweep's claim scan):",
         "",
         "```",
         *s["due_index_plan"],
+        "```",
+        "",
+        "Page read plan on the large db (a stream not read before):",
+        "",
+        "```",
+        *ceil["large_all"][-1]["plan"],
         "```",
         "",
     ]

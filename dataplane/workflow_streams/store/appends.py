@@ -119,11 +119,12 @@ FOR UPDATE OF s
 # the prepared statement once chose a hash join over a sequential scan of wfs_records, planned while
 # the table was small, and every batch then read the whole table (Postgres at a full core for 550
 # appends/s in the benchmark; auto_explain showed it).
+# Records are keyed by the stream's surrogate key (migration 482), taken from the locked rows.
 _ACKS = """
 SELECT k.run_id, k.stream_id, m.min_ack,
        (SELECT r.cumulative_bytes FROM wfs_records r
-        WHERE r.run_id = k.run_id AND r.stream_id = k.stream_id AND r.sequence = m.min_ack) AS ack_bytes
-FROM unnest($1::text[], $2::text[]) AS k(run_id, stream_id)
+        WHERE r.stream_key = k.stream_key AND r.sequence = m.min_ack) AS ack_bytes
+FROM unnest($1::text[], $2::text[], $3::bigint[]) AS k(run_id, stream_id, stream_key)
 CROSS JOIN LATERAL (
     SELECT min(c.acked_sequence) AS min_ack FROM wfs_consumers c
     WHERE c.run_id = k.run_id AND c.stream_id = k.stream_id
@@ -141,18 +142,17 @@ CROSS JOIN LATERAL (
 ) r
 """
 
-# Every write of a batch in one statement: data-modifying CTEs all run, referenced or not.
+# Every write of a batch in one statement: data-modifying CTEs all run, referenced or not. A record row
+# holds the stream's surrogate key, not its names, and neither kind nor size (migration 482: both are
+# computed where records are read, store.reads.RECORD_COLUMNS).
 _WRITE = """
 WITH records AS (
     INSERT INTO wfs_records
-        (run_id, stream_id, sequence, kind, content_type, payload, size_bytes, cumulative_bytes, object,
-         appended_by, appended_at)
-    SELECT r.run_id, r.stream_id, r.sequence, r.kind, r.content_type, r.payload, r.size_bytes,
-           r.cumulative_bytes, r.object, r.appended_by, clock_timestamp()
-    FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[], $5::text[], $6::bytea[], $7::bigint[],
-                $8::bigint[], $9::jsonb[], $10::text[])
-         AS r(run_id, stream_id, sequence, kind, content_type, payload, size_bytes, cumulative_bytes, object,
-              appended_by)
+        (stream_key, sequence, cumulative_bytes, appended_at, content_type, appended_by, payload, object)
+    SELECT r.stream_key, r.sequence, r.cumulative_bytes, clock_timestamp(), r.content_type, r.appended_by,
+           r.payload, r.object
+    FROM unnest($1::bigint[], $2::bigint[], $3::bigint[], $4::text[], $5::text[], $6::bytea[], $7::jsonb[])
+         AS r(stream_key, sequence, cumulative_bytes, content_type, appended_by, payload, object)
 ), counters AS (
     UPDATE wfs_streams s SET last_sequence = c.last_sequence, appended_bytes = c.appended_bytes,
         -- retention due-ness (migration 479): due now once past max_records, else by when the oldest
@@ -162,17 +162,17 @@ WITH records AS (
                               CASE WHEN c.last_sequence - s.earliest_sequence >= s.retention_max_records
                                    THEN now() END,
                               now() + make_interval(secs => s.retention_max_age_seconds))
-    FROM unnest($11::text[], $12::text[], $13::bigint[], $14::bigint[])
+    FROM unnest($8::text[], $9::text[], $10::bigint[], $11::bigint[])
          AS c(run_id, stream_id, last_sequence, appended_bytes)
     WHERE s.run_id = c.run_id AND s.stream_id = c.stream_id
 ), receipts AS (
     INSERT INTO wfs_append_receipts
         (run_id, stream_id, idempotency_key, request_digest, first_sequence, last_sequence, created_by)
-    SELECT * FROM unnest($15::text[], $16::text[], $17::text[], $18::text[], $19::bigint[], $20::bigint[],
-                         $21::text[])
+    SELECT * FROM unnest($12::text[], $13::text[], $14::text[], $15::text[], $16::bigint[], $17::bigint[],
+                         $18::text[])
 ), deliveries AS (
     INSERT INTO wfs_input_deliveries (run_id, stream_id, sequence, event_id)
-    SELECT * FROM unnest($22::text[], $23::text[], $24::bigint[], $25::text[])
+    SELECT * FROM unnest($19::text[], $20::text[], $21::bigint[], $22::text[])
 )
 SELECT 1
 """
@@ -188,7 +188,7 @@ async def lock_streams(conn: asyncpg.Connection, keys: Sequence[StreamKey]) -> d
 
 async def _usages(conn: asyncpg.Connection, rows: dict[StreamKey, asyncpg.Record]) -> dict[StreamKey, credit.Usage]:
     keys = list(rows)
-    acks = await conn.fetch(_ACKS, [k[0] for k in keys], [k[1] for k in keys])
+    acks = await conn.fetch(_ACKS, [k[0] for k in keys], [k[1] for k in keys], [rows[k]["stream_key"] for k in keys])
     usages = {}
     for a in acks:
         key = (a["run_id"], a["stream_id"])
@@ -267,20 +267,17 @@ class _Columns:
     """The arrays of the one write statement, filled request by request."""
 
     def __init__(self) -> None:
-        self.records: list[list[Any]] = [[] for _ in range(10)]
+        self.records: list[list[Any]] = [[] for _ in range(7)]
         self.receipts: list[list[Any]] = [[] for _ in range(7)]
         self.deliveries: list[list[Any]] = [[] for _ in range(4)]
 
-    def add(self, request: AppendRequest, first: int, bytes_before: int, is_input: bool) -> None:
+    def add(self, request: AppendRequest, stream_key: int, first: int, bytes_before: int, is_input: bool) -> None:
         run_id, stream_id, by = request.run_id, request.stream_id, request.principal.name
         total = bytes_before
         for offset, r in enumerate(request.records):
             total += r.size
             sequence = first + offset
-            _push(
-                self.records,
-                (run_id, stream_id, sequence, r.kind, r.content_type, r.payload, r.size, total, r.object, by),
-            )
+            _push(self.records, (stream_key, sequence, total, r.content_type, by, r.payload, r.object))
             if is_input:
                 _push(self.deliveries, (run_id, stream_id, sequence, event_id(run_id, stream_id, sequence)))
         if request.idempotency_key is not None:
@@ -312,7 +309,7 @@ async def append_batch(conn: asyncpg.Connection, requests: Sequence[AppendReques
         if result.replayed:
             continue
         is_input = pins.direction == "input"
-        columns.add(request, result.first_sequence, usage.appended_bytes, is_input)
+        columns.add(request, row["stream_key"], result.first_sequence, usage.appended_bytes, is_input)
         usages[request.key] = credit.Usage(
             result.last_sequence, usage.appended_bytes + request.size, usage.base_sequence, usage.base_bytes
         )

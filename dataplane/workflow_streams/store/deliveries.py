@@ -36,12 +36,14 @@ WHERE state = 'pending' AND next_attempt_at <= now()
 LIMIT $2
 """
 
-# the record's columns first (``stored_record`` reads them by position); sequence is the join column
+# the record's columns first (``stored_record`` reads them by position); records are keyed by the
+# stream's surrogate key (migration 482), deliveries by its names
 _HEAD = f"""
 SELECT {RECORD_COLUMNS}, d.event_id, d.attempts, d.next_attempt_at <= now() AS due, d.state
-FROM wfs_input_deliveries d
-JOIN wfs_records r USING (run_id, stream_id, sequence)
-WHERE d.run_id = $1 AND d.stream_id = $2 AND d.state IN ('pending', 'failed')
+FROM wfs_streams s
+JOIN wfs_input_deliveries d ON d.run_id = s.run_id AND d.stream_id = s.stream_id
+JOIN wfs_records r ON r.stream_key = s.stream_key AND r.sequence = d.sequence
+WHERE s.run_id = $1 AND s.stream_id = $2 AND d.state IN ('pending', 'failed')
 ORDER BY d.sequence
 LIMIT $3
 """

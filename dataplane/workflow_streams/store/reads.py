@@ -17,8 +17,15 @@ from ..domain.records import StoredRecord
 from . import streams
 
 # The columns of a stored record, in ``StoredRecord``'s field order: every query that returns records
-# selects these first, so ``stored_record`` can take them by position.
-RECORD_COLUMNS = "sequence, kind, content_type, payload, size_bytes, object, appended_at"
+# selects these first, from ``wfs_records r``, so ``stored_record`` can take them by position. The row
+# does not store ``kind`` (exactly one of payload and object is set) or ``size_bytes`` (the payload's
+# length, or the object's size): migration 482 dropped both to narrow the row, and they are computed
+# here, the one place, so a stored record reads back as it was appended.
+RECORD_COLUMNS = (
+    "r.sequence, CASE WHEN r.object IS NULL THEN 'inline' ELSE 'object' END AS kind, r.content_type, r.payload,"
+    " coalesce(octet_length(r.payload)::bigint, (r.object->>'size')::bigint) AS size_bytes, r.object,"
+    " r.appended_at"
+)
 _WIDTH = len(StoredRecord._fields)
 RECORD_NULLS = ", ".join(["NULL"] * _WIDTH)
 STREAM_NULLS = ", ".join(["NULL"] * len(streams.COLUMNS.split(",")))
@@ -52,15 +59,17 @@ class Page:
 # columns first as ``stored_record`` takes them; each branch's missing columns are NULLs. (An ARRAY of
 # ROW()s in one row was tried first: it read 1 KiB records 40 % slower, the array built whole in
 # Postgres and decoded element by element.)
+# The records are found by the stream's surrogate key (migration 482), which the first branch's row
+# carries; it is not among the stream's columns the caller gets.
 _PAGE = f"""
-WITH s AS (SELECT {streams.COLUMNS} FROM wfs_streams WHERE run_id = $1 AND stream_id = $2)
-SELECT {RECORD_NULLS}, 0 AS part, s.* FROM s
+WITH s AS (SELECT stream_key, {streams.COLUMNS} FROM wfs_streams WHERE run_id = $1 AND stream_id = $2)
+SELECT {RECORD_NULLS}, 0 AS part, {streams.COLUMNS} FROM s
 UNION ALL
-SELECT r.*, 1, {STREAM_NULLS}
+SELECT p.*, 1, {STREAM_NULLS}
 FROM s, LATERAL (
-    SELECT {RECORD_COLUMNS} FROM wfs_records
-    WHERE run_id = $1 AND stream_id = $2 AND sequence > $3 ORDER BY sequence LIMIT $4
-) r
+    SELECT {RECORD_COLUMNS} FROM wfs_records r
+    WHERE r.stream_key = s.stream_key AND r.sequence > $3 ORDER BY r.sequence LIMIT $4
+) p
 """
 
 

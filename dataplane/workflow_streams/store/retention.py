@@ -51,9 +51,10 @@ FOR UPDATE OF s
 # One statement prunes a set of locked streams: a prefix of each, at most $3 records of each.
 # appended_at is taken under the row lock, so it ascends with the sequence: the aged records are a
 # prefix, found on the primary key within the batch window (no index on appended_at is needed).
+# Records are keyed by the stream's surrogate key (migration 482); the outbox keeps the stream's names.
 _PRUNE = """
 WITH plan AS (
-    SELECT s.run_id, s.stream_id, s.last_sequence, s.earliest_sequence,
+    SELECT s.run_id, s.stream_id, s.stream_key, s.last_sequence, s.earliest_sequence,
            s.retention_max_records AS max_records, s.retention_max_age_seconds AS max_age,
            EXISTS (SELECT 1 FROM wfs_active_holds h
                    WHERE h.run_id = s.run_id AND h.stream_id = s.stream_id) AS held,
@@ -65,25 +66,25 @@ WITH plan AS (
     LEFT JOIN LATERAL (
         SELECT max(r.sequence) AS sequence FROM wfs_records r
         WHERE s.retention_max_age_seconds IS NOT NULL
-          AND r.run_id = s.run_id AND r.stream_id = s.stream_id
+          AND r.stream_key = s.stream_key
           AND r.sequence BETWEEN s.earliest_sequence AND s.earliest_sequence - 1 + $3
           AND r.appended_at < now() - make_interval(secs => s.retention_max_age_seconds)
     ) aged ON true
 ), doomed AS (
     DELETE FROM wfs_records r USING plan p
-    WHERE NOT p.held AND r.run_id = p.run_id AND r.stream_id = p.stream_id
+    WHERE NOT p.held AND r.stream_key = p.stream_key
       AND r.sequence BETWEEN p.earliest_sequence AND p.cutoff
-    RETURNING r.run_id, r.stream_id, r.sequence, r.cumulative_bytes, r.kind, r.object
+    RETURNING r.stream_key, r.sequence, r.cumulative_bytes, r.object
 ), outbox AS (
     INSERT INTO wfs_deletion_outbox (run_id, stream_id, region, bucket, object_key, reason)
-    SELECT run_id, stream_id, object->>'region', object->>'bucket', object->>'key', 'retention'
-    FROM doomed WHERE kind = 'object'
+    SELECT p.run_id, p.stream_id, d.object->>'region', d.object->>'bucket', d.object->>'key', 'retention'
+    FROM doomed d JOIN plan p USING (stream_key) WHERE d.object IS NOT NULL
 ), last_doomed AS (
-    SELECT DISTINCT ON (run_id, stream_id) run_id, stream_id, sequence, cumulative_bytes
-    FROM doomed ORDER BY run_id, stream_id, sequence DESC
+    SELECT DISTINCT ON (stream_key) stream_key, sequence, cumulative_bytes
+    FROM doomed ORDER BY stream_key, sequence DESC
 ), after AS (
     SELECT p.*, coalesce(d.sequence + 1, p.earliest_sequence) AS new_earliest, d.cumulative_bytes
-    FROM plan p LEFT JOIN last_doomed d USING (run_id, stream_id)
+    FROM plan p LEFT JOIN last_doomed d USING (stream_key)
 )
 UPDATE wfs_streams s
 SET earliest_sequence = a.new_earliest,
@@ -93,7 +94,7 @@ SET earliest_sequence = a.new_earliest,
         WHEN a.last_sequence - a.new_earliest >= a.max_records THEN now()
         WHEN a.max_age IS NOT NULL AND a.last_sequence >= a.new_earliest THEN
             (SELECT r.appended_at FROM wfs_records r
-             WHERE r.run_id = a.run_id AND r.stream_id = a.stream_id AND r.sequence = a.new_earliest)
+             WHERE r.stream_key = a.stream_key AND r.sequence = a.new_earliest)
             + make_interval(secs => a.max_age)
     END
 FROM after a
