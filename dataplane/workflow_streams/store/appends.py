@@ -3,12 +3,12 @@
 ``append_batch`` takes append requests for any number of streams and, in the caller's transaction:
 
 1. locks every stream row involved in one statement, in key order (so two processes locking
-   overlapping sets of streams never deadlock);
-2. reads each stream's slowest ack and the bytes behind it in one statement;
-3. reads the Idempotency-Key receipts of the batch in one statement (only if any request has a key);
-4. decides each request on its own, in arrival order per stream (rights, receipt, closed, credit)
+   overlapping sets of streams never deadlock), reading each stream's slowest ack and the bytes
+   behind it in the same statement;
+2. reads the Idempotency-Key receipts of the batch in one statement (only if any request has a key);
+3. decides each request on its own, in arrival order per stream (rights, receipt, closed, credit)
    against counters it advances as it goes; a refused request writes nothing;
-5. writes every accepted record, counter, receipt and delivery row in one statement.
+4. writes every accepted record, counter, receipt and delivery row in one statement.
 
 Round trips do not grow with the number of requests. Nothing here notifies: the caller publishes the
 returned wake signals after COMMIT (``runtime.group_commit``), so no append pays Postgres' notify lock.
@@ -106,29 +106,29 @@ class Batch:
         return out
 
 
+# Every stream row of the batch, locked in key order (so lockers of overlapping sets never deadlock),
+# with the slowest consumer's ack and the cumulative bytes through it, in one round trip: lock and
+# credit inputs were two statements, and at 1,000 streams x 32 connections most transactions carry one
+# append, so each round trip is paid per append (bench README, "Group commit").
+# The ack's record is retained whenever the ack is what decides the base (domain.credit.base_sequence);
+# otherwise the pruned bytes are used. Both lookups are per key (a correlated subquery, an aggregate):
+# written as a join, the plan cached for the prepared statement once chose a hash join over a
+# sequential scan of wfs_records, planned while the table was small, and every batch then read the
+# whole table (Postgres at a full core for 550 appends/s in the benchmark; auto_explain showed it).
+# The ack is read in the statement's snapshot, which may predate the lock's wait: acks only advance,
+# so an older one can only refuse credit that a retry (woken by the ack's signal) then grants.
 _LOCK = """
-SELECT s.* FROM wfs_streams s
-JOIN unnest($1::text[], $2::text[]) AS k(run_id, stream_id) USING (run_id, stream_id)
-ORDER BY s.run_id, s.stream_id
-FOR UPDATE OF s
-"""
-
-# The slowest consumer's ack and the cumulative bytes through it. That record is retained whenever the
-# ack is what decides the base (domain.credit.base_sequence); otherwise the pruned bytes are used.
-# Both lookups are per key (a correlated subquery, an aggregate): written as a join, the plan cached for
-# the prepared statement once chose a hash join over a sequential scan of wfs_records, planned while
-# the table was small, and every batch then read the whole table (Postgres at a full core for 550
-# appends/s in the benchmark; auto_explain showed it).
-# Records are keyed by the stream's surrogate key (migration 482), taken from the locked rows.
-_ACKS = """
-SELECT k.run_id, k.stream_id, m.min_ack,
+SELECT s.*, m.min_ack,
        (SELECT r.cumulative_bytes FROM wfs_records r
-        WHERE r.stream_key = k.stream_key AND r.sequence = m.min_ack) AS ack_bytes
-FROM unnest($1::text[], $2::text[], $3::bigint[]) AS k(run_id, stream_id, stream_key)
+        WHERE r.stream_key = s.stream_key AND r.sequence = m.min_ack) AS ack_bytes
+FROM wfs_streams s
+JOIN unnest($1::text[], $2::text[]) AS k(run_id, stream_id) USING (run_id, stream_id)
 CROSS JOIN LATERAL (
     SELECT min(c.acked_sequence) AS min_ack FROM wfs_consumers c
-    WHERE c.run_id = k.run_id AND c.stream_id = k.stream_id
+    WHERE c.run_id = s.run_id AND c.stream_id = s.stream_id
 ) m
+ORDER BY s.run_id, s.stream_id
+FOR UPDATE OF s
 """
 
 # per key for the same reason (OFFSET 0 keeps the planner from flattening it into a join)
@@ -180,21 +180,18 @@ SELECT 1
 
 async def lock_streams(conn: asyncpg.Connection, keys: Sequence[StreamKey]) -> dict[StreamKey, asyncpg.Record]:
     """The rows of the existing streams among ``keys``, locked for the rest of the transaction in key
-    order (the order every multi-stream locker uses, so lockers never deadlock)."""
+    order (the order every multi-stream locker uses, so lockers never deadlock), each with its slowest
+    ack (``min_ack``) and the cumulative bytes through it (``ack_bytes``)."""
     unique = sorted(set(keys))
     rows = await conn.fetch(_LOCK, [k[0] for k in unique], [k[1] for k in unique])
     return {(r["run_id"], r["stream_id"]): r for r in rows}
 
 
-async def _usages(conn: asyncpg.Connection, rows: dict[StreamKey, asyncpg.Record]) -> dict[StreamKey, credit.Usage]:
-    keys = list(rows)
-    acks = await conn.fetch(_ACKS, [k[0] for k in keys], [k[1] for k in keys], [rows[k]["stream_key"] for k in keys])
+def _usages(rows: dict[StreamKey, asyncpg.Record]) -> dict[StreamKey, credit.Usage]:
     usages = {}
-    for a in acks:
-        key = (a["run_id"], a["stream_id"])
-        row = rows[key]
-        base = credit.base_sequence(a["min_ack"], row["earliest_sequence"])
-        base_bytes = row["pruned_bytes"] if base == row["earliest_sequence"] - 1 else a["ack_bytes"]
+    for key, row in rows.items():
+        base = credit.base_sequence(row["min_ack"], row["earliest_sequence"])
+        base_bytes = row["pruned_bytes"] if base == row["earliest_sequence"] - 1 else row["ack_bytes"]
         usages[key] = credit.Usage(row["last_sequence"], row["appended_bytes"], base, base_bytes)
     return usages
 
@@ -289,7 +286,7 @@ async def append_batch(conn: asyncpg.Connection, requests: Sequence[AppendReques
     """Decide and write ``requests`` (any streams) in the caller's transaction. Each request gets its
     result or the error that refused it; refusals write nothing and never fail the others."""
     rows = await lock_streams(conn, [q.key for q in requests])
-    usages = await _usages(conn, rows) if rows else {}
+    usages = _usages(rows)
     receipts = await _receipts(conn, requests)
     batch = Batch(outcomes=[])
     columns = _Columns()
