@@ -14,10 +14,13 @@ import pytest
 
 from tests.support import SseReader, StreamsApi
 from tests.test_sse import subscribe
+from tests.waiting import eventually
 from workflow_streams.api.app import create_app
 from workflow_streams.domain.authz import Principal
 from workflow_streams.domain.errors import Forbidden, IdempotencyKeyReused, StreamClosed, StreamNotFound
 from workflow_streams.domain.records import RecordIn
+from workflow_streams.runtime.group_commit import GroupCommit
+from workflow_streams.runtime.wakes import PollOnly, WakeHub
 from workflow_streams.store.appends import AppendRequest, AppendResult, append_batch
 from workflow_streams.store.db import create_pool
 
@@ -116,6 +119,46 @@ async def test_batches_locking_the_same_streams_in_opposite_orders_never_deadloc
     finally:
         await pool.close()
     assert [r["data"] for r in await api.read_all("r", "o000")] == ["o000"] * 20
+
+
+async def test_a_caller_that_goes_away_fails_nobody_else_in_its_batch(
+    api: StreamsApi, database_url: str, db: asyncpg.Connection
+) -> None:
+    """Three appends queue behind a transaction held up by a row lock; one caller is cancelled while it
+    waits. The others still get their sequences, and the cancelled one's record, already queued when
+    its caller left, is committed with the batch rather than lost half-way."""
+    for stream in ("held", "x", "y", "z"):
+        assert (await api.create("r", stream)).status == 201
+    alice = Principal("alice")
+    pool = await create_pool(database_url, 1, 1)
+    hub = WakeHub(PollOnly(), None, 3600)
+    group = GroupCommit(pool, hub)
+    try:
+        async with db.transaction():
+            await db.execute("SELECT 1 FROM wfs_streams WHERE stream_id = 'held' FOR UPDATE")
+            first = asyncio.create_task(group.append(AppendRequest("r", "held", [_record("h")], alice)))
+            # the held append is in flight (waiting for the lock), so the next three queue behind it
+            await eventually(lambda: _lock_waiters(db), message="the held append never waited for the row lock")
+            waiting = {s: asyncio.create_task(group.append(AppendRequest("r", s, [_record(s)], alice))) for s in "xyz"}
+            await asyncio.sleep(0)  # each has queued its request
+            waiting["y"].cancel()
+        async with asyncio.timeout(15):  # a broken batch leaves its callers waiting: fail, not hang
+            assert await first == AppendResult(1, 1, False)
+            assert await waiting["x"] == AppendResult(1, 1, False)
+            assert await waiting["z"] == AppendResult(1, 1, False)
+            with pytest.raises(asyncio.CancelledError):
+                await waiting["y"]
+    finally:
+        await pool.close()
+    assert [r["data"] for r in await api.read_all("r", "y")] == ["y"]
+
+
+async def _lock_waiters(db: asyncpg.Connection) -> bool:
+    return bool(
+        await db.fetchval(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%FOR UPDATE OF s%'"
+        )
+    )
 
 
 @pytest.mark.slow
