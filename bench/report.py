@@ -21,6 +21,31 @@ def _source(source: dict[str, Any]) -> str:
     return f"Server code: `{source.get('package', '?')}`.\n"
 
 
+def _per_append(row: dict[str, Any]) -> str:
+    """Server CPU per append: the cost the HTTP and application layers add, whatever the rate."""
+    return f"{row['server_cores'] / row['appends_per_s'] * 1e6:,.0f}" if row["appends_per_s"] else "-"
+
+
+def _bare(bare: dict[str, Any] | None) -> list[str]:
+    if not bare:
+        return []
+    lines = [
+        "The bare-server ceiling (`bench/bare.py`): aiohttp with the same workers and GC tuning, answering each "
+        "append request (read the body, decode its JSON, 201 with a small JSON document) without Postgres, "
+        "driven by the same generator. It is the most any aiohttp server could append on this machine.",
+        "",
+        "| connections | requests/s | p50 ms | p99 ms | generator CPU | server CPU | server CPU µs / request |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for conns, case in bare["cases"].items():
+        lat, rate = case["latency_ms"], case["requests_per_s"]
+        lines.append(
+            f"| {conns} | {rate:,} | {_ms(lat, 'p50')} | {_ms(lat, 'p99')} | {case['generator_cores']} | "
+            f"{case['server_cores']} | {case['server_cores'] / rate * 1e6 if rate else 0:,.0f} |"
+        )
+    return [*lines, ""]
+
+
 def write_report(results: dict[str, Any], out: Path) -> None:
     m, c = results["machine"], results["ceilings"]
     workers = results.get("workers")
@@ -44,19 +69,20 @@ def write_report(results: dict[str, Any], out: Path) -> None:
         f"| our append transaction, {c['streams']:,} streams (`bench/pgbench/append.sql`) | {c['append_tps']:,} |",
         f"| the same with `pg_notify` before COMMIT (`append_notify.sql`) | {c['append_notify_tps']:,} |",
         "",
+        *_bare(c.get("bare")),
         "## Appends: one 100 B record per request, random stream, keep-alive connections",
         "",
-        "| case | appends/s | / pgbench -N | / append txn | / with notify | p50 ms | p99 ms | max ms | errors "
-        "| generator CPU | server CPU | Postgres CPU | autovacuum runs |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: |",
+        "| case | appends/s | / pgbench -N | / append txn | / with notify | / bare server | p50 ms | p99 ms | max ms "
+        "| errors | generator CPU | server CPU | Postgres CPU | server CPU µs / append | autovacuum runs |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: |",
     ]
     for r in results["appends"]:
         lat = r["latency_ms"]
         lines.append(
             f"| {r['case']} | {r['appends_per_s']:,} | {r['x_pgbench_simple']} | {r['x_pgbench_append']} | "
-            f"{r['x_pgbench_append_notify']} | {_ms(lat, 'p50')} | {_ms(lat, 'p99')} | {_ms(lat, 'max')} | "
-            f"{_errors(r['errors'])} | {r['generator_cores']} | {r['server_cores']} | {r['postgres_cores']} | "
-            f"{r.get('autovacuums', '?')} |"
+            f"{r['x_pgbench_append_notify']} | {r.get('x_bare', '-')} | {_ms(lat, 'p50')} | {_ms(lat, 'p99')} | "
+            f"{_ms(lat, 'max')} | {_errors(r['errors'])} | {r['generator_cores']} | {r['server_cores']} | "
+            f"{r['postgres_cores']} | {_per_append(r)} | {r.get('autovacuums', '?')} |"
         )
     lines += [
         "",

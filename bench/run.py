@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import workflow_streams
-from bench import generator, nats_peer, scenarios
+from bench import bare, generator, nats_peer, scenarios
 from bench.harness import Server, machine, raise_open_files_limit, start_postgres
 from bench.report import write_report
 
@@ -43,10 +43,19 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         # the ceilings first, while nothing else uses Postgres
         print("ceilings: pgbench", flush=True)
         results["ceilings"] = await asyncio.to_thread(scenarios.pgbench_ceilings, pg, timing.pgbench_seconds)
+        # what the HTTP layer alone allows here: aiohttp with the same workers, no Postgres behind it
+        print("ceilings: bare aiohttp server", flush=True)
+        connections = sorted({conns for _, conns in scenarios.APPEND_CASES})
+        results["ceilings"]["bare"] = await bare.ceiling(
+            out / "bare.log", args.workers, connections, timing.append_warmup, timing.append_seconds
+        )
         server = Server(pg.dsn, out / "server.log", workers=args.workers)
         await server.ready()
         print("appends", flush=True)
         results["appends"] = await scenarios.appends(server, pg, timing, results["ceilings"])
+        for row in results["appends"]:
+            ceiling = results["ceilings"]["bare"]["cases"][str(row["connections"])]["requests_per_s"]
+            row["x_bare"] = round(row["appends_per_s"] / ceiling, 3)
         await scenarios.settle()
         print("live delivery over SSE", flush=True)
         results["sse"] = await scenarios.deliveries(server, pg, timing)

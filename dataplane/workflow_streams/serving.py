@@ -166,7 +166,7 @@ def _worker(settings: Settings, parent: int) -> None:
     _run(dataclasses.replace(settings, workers=1), reuse_port=True)
 
 
-def _tune_gc() -> None:
+def tune_gc() -> None:
     """Fewer, cheaper cyclic collections for a server holding many long-lived objects.
 
     Profile of 10,000 subscribers connecting (bench/profile.py --phase connecting): 4-5 % of the
@@ -183,7 +183,7 @@ def _tune_gc() -> None:
 def _run(settings: Settings, *, reuse_port: bool) -> None:
     from .api.app import create_app
 
-    _tune_gc()
+    tune_gc()
     web.run_app(
         create_app(settings),
         host=settings.host,
