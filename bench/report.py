@@ -35,6 +35,15 @@ def _all_per_append(row: dict[str, Any]) -> str:
     return f"{cores / row['appends_per_s'] * 1e6:,.0f}"
 
 
+def _pgbench_cpu(cpu: dict[str, Any] | None) -> str:
+    if not cpu:
+        return ""
+    return (
+        f"; CPU cores: pgbench {cpu['client_cores']}, Postgres {cpu['postgres_cores']}, "
+        f"all CPU {cpu['cpu_us_per_txn']:,} µs per transaction"
+    )
+
+
 def _bare(bare: dict[str, Any] | None) -> list[str]:
     if not bare:
         return []
@@ -74,7 +83,7 @@ def write_report(results: dict[str, Any], out: Path) -> None:
         "",
         "| ceiling | tps |",
         "| --- | ---: |",
-        f"| pgbench `-N` (simple update) | {c['simple_update_tps']:,} |",
+        f"| pgbench `-N` (simple update){_pgbench_cpu(c.get('simple_update_cpu'))} | {c['simple_update_tps']:,} |",
         f"| our append transaction, {c['streams']:,} streams (`bench/pgbench/append.sql`) | {c['append_tps']:,} |",
         f"| the same with `pg_notify` before COMMIT (`append_notify.sql`) | {c['append_notify_tps']:,} |",
         "",

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import resource
 import subprocess
 import time
 import uuid
@@ -61,11 +62,31 @@ def _tool(pg: LocalPostgres, name: str, *args: str, check: bool = True) -> subpr
 
 
 def _pgbench(pg: LocalPostgres, *args: str) -> float:
+    return _pgbench_cpu(pg, *args)["tps"]
+
+
+def _pgbench_cpu(pg: LocalPostgres, *args: str) -> dict[str, float]:
+    """pgbench's tps, and the CPU per transaction of pgbench itself and of Postgres (all backends): the
+    ceiling's own cost, to set beside the CPU per append of the server's cases."""
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    postgres = process_tree_cpu(postmaster_pid(pg))
+    began = time.perf_counter()
     result = _tool(pg, "pgbench", *args)
+    wall = time.perf_counter() - began
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     match = re.search(r"tps = ([\d.]+)", result.stdout)
     if not match:
         raise RuntimeError(f"pgbench {' '.join(args)} printed no tps:\n{result.stdout}\n{result.stderr}")
-    return float(match[1])
+    tps = float(match[1])
+    client = (after.ru_utime + after.ru_stime) - (children.ru_utime + children.ru_stime)
+    server = process_tree_cpu(postmaster_pid(pg)) - postgres
+    transactions = tps * wall  # the run's wall time includes connecting: a little generous to pgbench
+    return {
+        "tps": tps,
+        "client_cores": round(client / wall, 3),
+        "postgres_cores": round(server / wall, 3),
+        "cpu_us_per_txn": round((client + server) / transactions * 1e6) if transactions else float("nan"),
+    }
 
 
 def pgbench_ceilings(pg: LocalPostgres, seconds: int, clients: int = 32, streams: int = 1000) -> dict[str, Any]:
@@ -75,8 +96,13 @@ def pgbench_ceilings(pg: LocalPostgres, seconds: int, clients: int = 32, streams
     run = ["-n", "-c", str(clients), "-j", "2", "-T", str(seconds)]
     _tool(pg, "createdb", "pgbench", check=False)  # exists already on a second call
     _tool(pg, "pgbench", "-i", "-s", "1", "-q", "pgbench")
-    simple = _pgbench(pg, "-N", *run, "pgbench")
-    print(f"  pgbench -N, {clients} clients: {simple:,.0f} tps", flush=True)
+    simple_run = _pgbench_cpu(pg, "-N", *run, "pgbench")
+    simple = simple_run["tps"]
+    print(
+        f"  pgbench -N, {clients} clients: {simple:,.0f} tps; CPU cores: pgbench {simple_run['client_cores']}, "
+        f"postgres {simple_run['postgres_cores']} ({simple_run['cpu_us_per_txn']} us per transaction)",
+        flush=True,
+    )
     _tool(
         pg,
         "psql",
@@ -89,7 +115,13 @@ def pgbench_ceilings(pg: LocalPostgres, seconds: int, clients: int = 32, streams
         str(PGBENCH_SCRIPTS / "streams.sql"),
         "postgres",
     )
-    out = {"clients": clients, "streams": streams, "seconds": seconds, "simple_update_tps": round(simple)}
+    out = {
+        "clients": clients,
+        "streams": streams,
+        "seconds": seconds,
+        "simple_update_tps": round(simple),
+        "simple_update_cpu": simple_run,
+    }
     for name, script in (("append_tps", "append.sql"), ("append_notify_tps", "append_notify.sql")):
         tps = _pgbench(pg, "-f", str(PGBENCH_SCRIPTS / script), "-D", f"streams={streams}", *run, "postgres")
         out[name] = round(tps)
