@@ -21,6 +21,7 @@ from workflow_streams.domain.errors import Forbidden, IdempotencyKeyReused, Stre
 from workflow_streams.domain.records import RecordIn
 from workflow_streams.runtime.group_commit import GroupCommit
 from workflow_streams.runtime.wakes import PollOnly, WakeHub
+from workflow_streams.store import appends
 from workflow_streams.store.appends import AppendRequest, AppendResult, append_batch
 from workflow_streams.store.db import create_pool
 
@@ -151,6 +152,32 @@ async def test_a_caller_that_goes_away_fails_nobody_else_in_its_batch(
     finally:
         await pool.close()
     assert [r["data"] for r in await api.read_all("r", "y")] == ["y"]
+
+
+async def test_the_append_statements_never_scan_every_stream(database_url: str, db: asyncpg.Connection) -> None:
+    """A generic plan is made once per connection and kept: made while the table is small, the lock
+    statement's was a sequential scan of every stream row, paid by every transaction after it. With the
+    append connections' settings it is an index lookup per key, whatever the statistics say."""
+    await db.execute(
+        """INSERT INTO wfs_streams (run_id, stream_id, pins, pins_digest, created_by)
+           SELECT 'r', 's' || i, '{}'::jsonb, 'x', 'alice' FROM generate_series(1, 1000) AS i"""
+    )
+    await db.execute("ANALYZE wfs_streams")
+
+    async def plan(settings: dict[str, str]) -> str:
+        conn = await asyncpg.connect(database_url, server_settings=settings)
+        try:
+            await conn.execute(f"PREPARE lock_streams(text[], text[]) AS {appends._LOCK}")
+            rows = await conn.fetch("EXPLAIN EXECUTE lock_streams(ARRAY['r'], ARRAY['s1'])")
+            return "\n".join(row[0] for row in rows)
+        finally:
+            await conn.close()
+
+    # the premise: generic plans alone choose the scan at this size (so this test can fail)
+    assert "Seq Scan on wfs_streams" in await plan({"plan_cache_mode": "force_generic_plan"})
+    chosen = await plan(appends.CONNECTION_SETTINGS)
+    assert "Seq Scan" not in chosen, chosen
+    assert "Index Scan using wfs_streams_pkey" in chosen, chosen
 
 
 async def _lock_waiters(db: asyncpg.Connection) -> bool:

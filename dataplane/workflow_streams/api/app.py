@@ -23,6 +23,7 @@ from ..runtime.group_commit import GroupCommit
 from ..runtime.listen_notify import ListenNotify
 from ..runtime.reads import SharedReads
 from ..runtime.wakes import PollOnly, WakeHub, WakeSource, process_id
+from ..store.appends import CONNECTION_SETTINGS
 from ..store.db import create_pool
 from ..workers.dispatcher import Dispatcher, DispatchSettings
 from ..workers.metrics_sampler import run_sampler
@@ -114,15 +115,13 @@ def create_app(settings: Settings) -> web.Application:
         if settings.metadata_region is None:
             log.warning("WFS_METADATA_REGION is unset: metadata-home placement is not enforced")
         pool = await create_pool(settings.database_url, settings.pool_min, settings.pool_max)
-        # Group commit's own connections, one per transaction in flight, on generic plans: Postgres
-        # re-planned the batch statements (array parameters make it keep custom plans) on every
-        # transaction; forced generic, Postgres' user CPU fell 30 % at 8 connections (bench README).
-        # Only these statements: each is a keyed lookup per array element, right for any table size.
+        # Group commit's own connections, one per transaction in flight, with the settings its statements
+        # are written for (generic plans, no sequential scans: store.appends.CONNECTION_SETTINGS says why).
         append_pool = await create_pool(
             settings.database_url,
             1,
             GroupCommit.MAX_INFLIGHT,
-            server_settings={"application_name": "wfs-appends", "plan_cache_mode": "force_generic_plan"},
+            server_settings={"application_name": "wfs-appends", **CONNECTION_SETTINGS},
         )
         hub = WakeHub(wake_source(settings), pool, settings.head_poll_seconds)
         await hub.start()
