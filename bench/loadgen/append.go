@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"math/rand"
 	"strings"
-	"sync"
 	"time"
 )
 
@@ -59,74 +58,17 @@ func runAppend(args []string) error {
 		urls[i] = t.recordsURL(i)
 	}
 
-	type result struct {
-		ok        int
-		errors    map[string]int
-		latencies []time.Duration
-	}
-	results := make([]result, *conns)
-	start := time.Now()
-	from, until := start.Add(*warmup), start.Add(*warmup+*duration)
-	var cpuFrom, cpuUntil float64
-	var wg sync.WaitGroup
-	wg.Add(1)
-	phase("warming")
-	go func() { // CPU is sampled at the window's edges, not at process start
-		defer wg.Done()
-		time.Sleep(time.Until(from))
-		cpuFrom = cpuSeconds()
-		phase("measuring")
-		time.Sleep(time.Until(until))
-		cpuUntil = cpuSeconds()
-		phase("measured")
-	}()
-	for w := 0; w < *conns; w++ {
-		wg.Add(1)
-		go func(r *result, seed int64) {
-			defer wg.Done()
-			rng := rand.New(rand.NewSource(seed))
-			r.errors = map[string]int{}
-			for {
-				began := time.Now()
-				if !began.Before(until) {
-					return
-				}
-				status, _, err := t.post(client, urls[rng.Intn(len(urls))], body)
-				took := time.Since(began)
-				counted := !began.Before(from)
-				if err == nil && status == 201 {
-					if counted {
-						r.ok++
-						r.latencies = append(r.latencies, took)
-					}
-					continue
-				}
-				if counted {
-					r.errors[errorKey(status, err)]++
-				}
-				if err != nil {
-					time.Sleep(10 * time.Millisecond) // a refused connection must not spin
-				}
-			}
-		}(&results[w], start.UnixNano()+int64(w))
-	}
-	wg.Wait()
-
+	r := closedLoop(*conns, *warmup, *duration, 201, func(rng *rand.Rand) (int, int64, error) {
+		status, _, err := t.post(client, urls[rng.Intn(len(urls))], body)
+		return status, 0, err
+	})
 	out := appendReport{
 		Mode: "append", Connections: *conns, Streams: t.streams, RecordBytes: *size,
-		WarmupS: warmup.Seconds(), DurationS: duration.Seconds(), Errors: map[string]int{},
+		WarmupS: warmup.Seconds(), DurationS: duration.Seconds(), Errors: r.Errors, RequestsOK: r.OK,
 	}
-	var all []time.Duration
-	for _, r := range results {
-		out.RequestsOK += r.ok
-		all = append(all, r.latencies...)
-		for k, v := range r.errors {
-			out.Errors[k] += v
-		}
-	}
-	out.AppendsPerS = round3(float64(out.RequestsOK) / duration.Seconds())
-	out.LatencyMS = summarize(all)
-	out.CPUSeconds = round3(cpuUntil - cpuFrom)
-	out.CPUShare = round3((cpuUntil - cpuFrom) / duration.Seconds())
+	out.AppendsPerS = round3(float64(r.OK) / duration.Seconds())
+	out.LatencyMS = summarize(r.Latencies)
+	out.CPUSeconds = round3(r.CPUSeconds)
+	out.CPUShare = round3(r.CPUSeconds / duration.Seconds())
 	return report(out)
 }

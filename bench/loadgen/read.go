@@ -6,7 +6,6 @@ import (
 	"io"
 	"math/rand"
 	"net/http"
-	"sync"
 	"time"
 )
 
@@ -71,80 +70,17 @@ func runRead(args []string) error {
 	// built per request, not up front: a million streams would be a million strings held for nothing
 	urlOf := func(i int) string { return fmt.Sprintf("%s?after=%d", t.recordsURL(i), *after) }
 
-	type result struct {
-		ok        int
-		bytes     int64
-		errors    map[string]int
-		latencies []time.Duration
-	}
-	results := make([]result, *conns)
-	start := time.Now()
-	from, until := start.Add(*warmup), start.Add(*warmup+*duration)
-	var cpuFrom, cpuUntil float64
-	var wg sync.WaitGroup
-	wg.Add(1)
-	phase("warming")
-	go func() { // CPU is sampled at the window's edges, not at process start
-		defer wg.Done()
-		time.Sleep(time.Until(from))
-		cpuFrom = cpuSeconds()
-		phase("measuring")
-		time.Sleep(time.Until(until))
-		cpuUntil = cpuSeconds()
-		phase("measured")
-	}()
-	for w := 0; w < *conns; w++ {
-		wg.Add(1)
-		go func(r *result, seed int64) {
-			defer wg.Done()
-			rng := rand.New(rand.NewSource(seed))
-			r.errors = map[string]int{}
-			for {
-				url := urlOf(rng.Intn(t.streams))
-				began := time.Now()
-				if !began.Before(until) {
-					return
-				}
-				status, n, err := t.get(client, url)
-				took := time.Since(began)
-				counted := !began.Before(from)
-				if err == nil && status == 200 {
-					if counted {
-						r.ok++
-						r.bytes += n
-						r.latencies = append(r.latencies, took)
-					}
-					continue
-				}
-				if counted {
-					r.errors[errorKey(status, err)]++
-				}
-				if err != nil {
-					time.Sleep(10 * time.Millisecond) // a refused connection must not spin
-				}
-			}
-		}(&results[w], start.UnixNano()+int64(w))
-	}
-	wg.Wait()
-
+	r := closedLoop(*conns, *warmup, *duration, 200, func(rng *rand.Rand) (int, int64, error) {
+		return t.get(client, urlOf(rng.Intn(t.streams)))
+	})
 	out := readReport{
 		Mode: "read", Connections: *conns, Streams: t.streams, After: *after,
-		WarmupS: warmup.Seconds(), DurationS: duration.Seconds(), Errors: map[string]int{},
+		WarmupS: warmup.Seconds(), DurationS: duration.Seconds(), Errors: r.Errors, RequestsOK: r.OK,
 	}
-	var all []time.Duration
-	var bytes int64
-	for _, r := range results {
-		out.RequestsOK += r.ok
-		bytes += r.bytes
-		all = append(all, r.latencies...)
-		for k, v := range r.errors {
-			out.Errors[k] += v
-		}
-	}
-	out.ReadsPerS = round3(float64(out.RequestsOK) / duration.Seconds())
-	out.BytesPerS = round3(float64(bytes) / duration.Seconds())
-	out.LatencyMS = summarize(all)
-	out.CPUSeconds = round3(cpuUntil - cpuFrom)
-	out.CPUShare = round3((cpuUntil - cpuFrom) / duration.Seconds())
+	out.ReadsPerS = round3(float64(r.OK) / duration.Seconds())
+	out.BytesPerS = round3(float64(r.Bytes) / duration.Seconds())
+	out.LatencyMS = summarize(r.Latencies)
+	out.CPUSeconds = round3(r.CPUSeconds)
+	out.CPUShare = round3(r.CPUSeconds / duration.Seconds())
 	return report(out)
 }

@@ -1,0 +1,90 @@
+package main
+
+import (
+	"math/rand"
+	"sync"
+	"time"
+)
+
+// loopResult is what a closed loop measured over its window (the warm-up excluded).
+type loopResult struct {
+	OK         int
+	Bytes      int64
+	Errors     map[string]int
+	Latencies  []time.Duration
+	CPUSeconds float64 // the generator's own CPU over the window
+}
+
+// closedLoop runs conns loops, each one request in flight at a time, for warmup+duration. request
+// makes one request with the loop's own random source and returns the status, the bytes it read and
+// any error; a status of ok counts. Only requests that start after the warm-up are counted. The
+// "phase: warming/measuring/measured" lines on stderr let the caller sample the server over exactly
+// the window.
+func closedLoop(conns int, warmup, duration time.Duration, ok int,
+	request func(rng *rand.Rand) (int, int64, error)) loopResult {
+	type result struct {
+		ok        int
+		bytes     int64
+		errors    map[string]int
+		latencies []time.Duration
+	}
+	results := make([]result, conns)
+	start := time.Now()
+	from, until := start.Add(warmup), start.Add(warmup+duration)
+	var cpuFrom, cpuUntil float64
+	var wg sync.WaitGroup
+	wg.Add(1)
+	phase("warming")
+	go func() { // CPU is sampled at the window's edges, not at process start
+		defer wg.Done()
+		time.Sleep(time.Until(from))
+		cpuFrom = cpuSeconds()
+		phase("measuring")
+		time.Sleep(time.Until(until))
+		cpuUntil = cpuSeconds()
+		phase("measured")
+	}()
+	for w := 0; w < conns; w++ {
+		wg.Add(1)
+		go func(r *result, seed int64) {
+			defer wg.Done()
+			rng := rand.New(rand.NewSource(seed))
+			r.errors = map[string]int{}
+			for {
+				began := time.Now()
+				if !began.Before(until) {
+					return
+				}
+				status, n, err := request(rng)
+				took := time.Since(began)
+				counted := !began.Before(from)
+				if err == nil && status == ok {
+					if counted {
+						r.ok++
+						r.bytes += n
+						r.latencies = append(r.latencies, took)
+					}
+					continue
+				}
+				if counted {
+					r.errors[errorKey(status, err)]++
+				}
+				if err != nil {
+					time.Sleep(10 * time.Millisecond) // a refused connection must not spin
+				}
+			}
+		}(&results[w], start.UnixNano()+int64(w))
+	}
+	wg.Wait()
+
+	out := loopResult{Errors: map[string]int{}, CPUSeconds: cpuUntil - cpuFrom}
+	for _, r := range results {
+		out.OK += r.ok
+		out.Bytes += r.bytes
+		out.Latencies = append(out.Latencies, r.latencies...)
+		for k, v := range r.errors {
+			out.Errors[k] += v
+		}
+	}
+	return out
+}
