@@ -7,7 +7,7 @@ import base64
 
 import asyncpg
 
-from tests.support import BOB, StreamsApi, problem
+from tests.support import BOB, EVE, StreamsApi, pins, problem
 
 
 async def test_append_and_read_after_cursor(api: StreamsApi) -> None:
@@ -184,3 +184,24 @@ async def test_rendered_records_match_the_decoded_form(api: StreamsApi, db: asyn
     page = await (await api.read("r", "s")).json()
     assert [r.get("data") for r in page["records"][:5]] == values
     assert page["records"][5]["data_base64"] == "aGk="
+
+
+async def test_a_record_row_does_not_store_what_its_stream_already_says(
+    api: StreamsApi, db: asyncpg.Connection
+) -> None:
+    """Migration 483: the default content type and the stream's creator are NULL in the row, and every
+    record still reads back with its content type; another appender is stored by name."""
+    authorization = {**pins()["authorization"], "append": ["alice", "eve"]}
+    assert (await api.create("r", "s", authorization=authorization)).status == 201
+    assert (await api.append("r", "s", {"n": 1})).status == 201  # alice, the creator; JSON by default
+    text = {"content_type": "text/plain; charset=utf-8", "data_base64": "aGk="}
+    assert (await api.append("r", "s", body=text)).status == 201
+    assert (await api.as_(EVE).append("r", "s", {"n": 3})).status == 201
+    stored = await db.fetch("SELECT sequence, content_type, appended_by FROM wfs_records ORDER BY sequence")
+    assert [tuple(row) for row in stored] == [
+        (1, None, None),
+        (2, "text/plain; charset=utf-8", None),
+        (3, None, "eve"),
+    ]
+    read = await api.read_all("r", "s")
+    assert [r["content_type"] for r in read] == ["application/json", "text/plain; charset=utf-8", "application/json"]

@@ -68,7 +68,7 @@ async def test_existing_records_are_moved_and_read_back_unchanged(pg: LocalPostg
         ]
         assert len(wanted) == 4 and wanted[1][3] == "object" and wanted[1][6] == 70_000
 
-        assert await apply_migrations(dsn) == [482]
+        assert (await apply_migrations(dsn))[:1] == [482]  # and any later ones
 
         moved = await conn.fetch(
             f"""SELECT s.run_id, s.stream_id, {RECORD_COLUMNS}, r.cumulative_bytes, r.appended_by

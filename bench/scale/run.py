@@ -115,7 +115,7 @@ async def load(dsn: str, streams: int, per_stream: int, run: str = "bench", pref
             await conn.execute(
                 """INSERT INTO wfs_records (stream_key, sequence, cumulative_bytes, appended_at, content_type,
                                             appended_by, payload)
-                   SELECT k, q, q * 100, now(), 'application/json', 'bench', $1
+                   SELECT k, q, q * 100, now(), NULL, NULL, $1  -- defaults as the server stores them (483)
                    FROM generate_series($2::bigint, $3::bigint) AS k, generate_series(1, $4::int) AS q
                    ORDER BY k, q""",
                 PAYLOAD,

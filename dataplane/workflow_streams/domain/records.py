@@ -15,6 +15,8 @@ from .errors import InvalidInput, InvalidJson, PayloadTooLarge
 from .media import is_json as is_json  # the one JSON rule; re-exported for the record encoders
 
 INLINE_LIMIT = 64 * 1024
+# what a record is when it names no content type; the store keeps it as NULL (migration 483)
+DEFAULT_CONTENT_TYPE = "application/json"
 MAX_BATCH = 1000
 _ALLOWED_FIELDS = frozenset({"content_type", "data", "data_base64"})
 
@@ -80,7 +82,7 @@ def _parse_record(item: Any, where: str) -> RecordIn:
     unknown = set(item) - _ALLOWED_FIELDS
     if unknown:
         raise InvalidInput(f"unknown field(s): {', '.join(sorted(unknown))}", field=f"{prefix}{min(unknown)}")
-    content_type = item.get("content_type", "application/json")
+    content_type = item.get("content_type", DEFAULT_CONTENT_TYPE)
     if not isinstance(content_type, str) or not 0 < len(content_type) <= 255 or not content_type.isprintable():
         raise InvalidInput("content_type must be a short printable string", field=f"{prefix}content_type")
     has_data, has_b64 = "data" in item, "data_base64" in item

@@ -36,7 +36,7 @@ from ..domain.errors import (
     StreamNotFound,
 )
 from ..domain.pins import Credit, StreamPins
-from ..domain.records import RecordIn, request_digest
+from ..domain.records import DEFAULT_CONTENT_TYPE, RecordIn, request_digest
 from ..domain.wakes import INPUTS, RECORDS, Signal
 from .definitions import pins_of
 
@@ -155,7 +155,7 @@ CROSS JOIN LATERAL (
 
 # Every write of a batch in one statement: data-modifying CTEs all run, referenced or not. A record row
 # holds the stream's surrogate key, not its names, and neither kind nor size (migration 482: both are
-# computed where records are read, store.reads.RECORD_COLUMNS).
+# computed where records are read, store.reads.RECORD_COLUMNS), nor the defaults (migration 483).
 _WRITE = """
 WITH records AS (
     INSERT INTO wfs_records
@@ -279,13 +279,18 @@ class _Columns:
         self.receipts: list[list[Any]] = [[] for _ in range(7)]
         self.deliveries: list[list[Any]] = [[] for _ in range(4)]
 
-    def add(self, request: AppendRequest, stream_key: int, first: int, bytes_before: int, is_input: bool) -> None:
+    def add(self, request: AppendRequest, stream: asyncpg.Record, first: int, before: int, is_input: bool) -> None:
         run_id, stream_id, by = request.run_id, request.stream_id, request.principal.name
-        total = bytes_before
+        stream_key = stream["stream_key"]
+        # what the stream already says is not stored again in every row (migration 483): NULL is the
+        # stream's creator, and the default content type (store.reads.RECORD_COLUMNS reads it back)
+        appended_by = None if by == stream["created_by"] else by
+        total = before  # the stream's bytes before this request
         for offset, r in enumerate(request.records):
             total += r.size
             sequence = first + offset
-            _push(self.records, (stream_key, sequence, total, r.content_type, by, r.payload, r.object))
+            content_type = None if r.content_type == DEFAULT_CONTENT_TYPE else r.content_type
+            _push(self.records, (stream_key, sequence, total, content_type, appended_by, r.payload, r.object))
             if is_input:
                 _push(self.deliveries, (run_id, stream_id, sequence, event_id(run_id, stream_id, sequence)))
         if request.idempotency_key is not None:
@@ -317,7 +322,7 @@ async def append_batch(conn: asyncpg.Connection, requests: Sequence[AppendReques
         if result.replayed:
             continue
         is_input = pins.direction == "input"
-        columns.add(request, row["stream_key"], result.first_sequence, usage.appended_bytes, is_input)
+        columns.add(request, row, result.first_sequence, usage.appended_bytes, is_input)
         usages[request.key] = credit.Usage(
             result.last_sequence, usage.appended_bytes + request.size, usage.base_sequence, usage.base_bytes
         )

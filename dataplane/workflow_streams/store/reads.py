@@ -13,16 +13,18 @@ from ..domain.authz import Action, Caller, Principal
 from ..domain.cursor import Bounds, check_cursor
 from ..domain.pins import StreamPins
 from ..domain.placement import check_egress
-from ..domain.records import StoredRecord
+from ..domain.records import DEFAULT_CONTENT_TYPE, StoredRecord
 from . import streams
 
 # The columns of a stored record, in ``StoredRecord``'s field order: every query that returns records
 # selects these first, from ``wfs_records r``, so ``stored_record`` can take them by position. The row
 # does not store ``kind`` (exactly one of payload and object is set) or ``size_bytes`` (the payload's
 # length, or the object's size): migration 482 dropped both to narrow the row, and they are computed
-# here, the one place, so a stored record reads back as it was appended.
+# here, the one place, so a stored record reads back as it was appended. Nor does it store the default
+# content type (migration 483: NULL is DEFAULT_CONTENT_TYPE).
 RECORD_COLUMNS = (
-    "r.sequence, CASE WHEN r.object IS NULL THEN 'inline' ELSE 'object' END AS kind, r.content_type, r.payload,"
+    "r.sequence, CASE WHEN r.object IS NULL THEN 'inline' ELSE 'object' END AS kind,"
+    f" coalesce(r.content_type, '{DEFAULT_CONTENT_TYPE}') AS content_type, r.payload,"
     " coalesce(octet_length(r.payload)::bigint, (r.object->>'size')::bigint) AS size_bytes, r.object,"
     " r.appended_at"
 )
