@@ -121,6 +121,11 @@ CONNECTION_SETTINGS = {"plan_cache_mode": "force_generic_plan", "enable_seqscan"
 # with the slowest consumer's ack and the cumulative bytes through it, in one round trip: lock and
 # credit inputs were two statements, and at 1,000 streams x 32 connections most transactions carry one
 # append, so each round trip is paid per append (bench README, "Group commit").
+# Each stream row is found and locked by its key, one array element after the other, in the order of
+# the arrays (``lock_streams`` sorts them): the locking sub-select cannot be flattened into a join, so
+# no plan can walk the whole table. As a join, the generic plan made while the table held two rows
+# (a merge join over a full scan of the primary key) was kept for the connection's life and walked
+# every stream in every transaction as the table grew (bench README, item 11).
 # The ack's record is retained whenever the ack is what decides the base (domain.credit.base_sequence);
 # otherwise the pruned bytes are used. Both lookups are per key (a correlated subquery, an aggregate):
 # written as a join, the plan cached for the prepared statement once chose a hash join over a
@@ -132,14 +137,15 @@ _LOCK = """
 SELECT s.*, m.min_ack,
        (SELECT r.cumulative_bytes FROM wfs_records r
         WHERE r.stream_key = s.stream_key AND r.sequence = m.min_ack) AS ack_bytes
-FROM wfs_streams s
-JOIN unnest($1::text[], $2::text[]) AS k(run_id, stream_id) USING (run_id, stream_id)
+FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS k(run_id, stream_id, position)
+CROSS JOIN LATERAL (
+    SELECT * FROM wfs_streams w WHERE w.run_id = k.run_id AND w.stream_id = k.stream_id FOR UPDATE
+) s
 CROSS JOIN LATERAL (
     SELECT min(c.acked_sequence) AS min_ack FROM wfs_consumers c
     WHERE c.run_id = s.run_id AND c.stream_id = s.stream_id
 ) m
-ORDER BY s.run_id, s.stream_id
-FOR UPDATE OF s
+ORDER BY k.position
 """
 
 # per key for the same reason (OFFSET 0 keeps the planner from flattening it into a join)
@@ -173,17 +179,18 @@ WITH records AS (
                               CASE WHEN c.last_sequence - s.earliest_sequence >= s.retention_max_records
                                    THEN now() END,
                               now() + make_interval(secs => s.retention_max_age_seconds))
-    FROM unnest($8::text[], $9::text[], $10::bigint[], $11::bigint[])
-         AS c(run_id, stream_id, last_sequence, appended_bytes)
-    WHERE s.run_id = c.run_id AND s.stream_id = c.stream_id
+    FROM unnest($8::bigint[], $9::bigint[], $10::bigint[]) AS c(stream_key, last_sequence, appended_bytes)
+    -- the ANY is an index condition: whatever join the generic plan picks, it reads only these rows (as a
+    -- bare join, planned while the table held two rows, it walked the whole primary key every time)
+    WHERE s.stream_key = c.stream_key AND s.stream_key = ANY($8::bigint[])
 ), receipts AS (
     INSERT INTO wfs_append_receipts
         (run_id, stream_id, idempotency_key, request_digest, first_sequence, last_sequence, created_by)
-    SELECT * FROM unnest($12::text[], $13::text[], $14::text[], $15::text[], $16::bigint[], $17::bigint[],
-                         $18::text[])
+    SELECT * FROM unnest($11::text[], $12::text[], $13::text[], $14::text[], $15::bigint[], $16::bigint[],
+                         $17::text[])
 ), deliveries AS (
     INSERT INTO wfs_input_deliveries (run_id, stream_id, sequence, event_id)
-    SELECT * FROM unnest($19::text[], $20::text[], $21::bigint[], $22::text[])
+    SELECT * FROM unnest($18::text[], $19::text[], $20::bigint[], $21::text[])
 )
 SELECT 1
 """
@@ -334,12 +341,11 @@ async def append_batch(conn: asyncpg.Connection, requests: Sequence[AppendReques
             batch.records_by_kind[record.kind] = batch.records_by_kind.get(record.kind, 0) + 1
             batch.appended.append((request.run_id, request.stream_id, result.first_sequence + offset, pins, record))
     if batch.written:
-        counters = [(key, usages[key]) for key in batch.written]
+        counters = [(rows[key]["stream_key"], usages[key]) for key in batch.written]
         await conn.execute(
             _WRITE,
             *columns.records,
-            [k[0] for k, _ in counters],
-            [k[1] for k, _ in counters],
+            [stream_key for stream_key, _ in counters],
             [u.last_sequence for _, u in counters],
             [u.appended_bytes for _, u in counters],
             *columns.receipts,
