@@ -50,12 +50,13 @@ def pg() -> Iterator[LocalPostgres]:
     cluster.destroy()
 
 
-async def create_database(pg: LocalPostgres) -> str:
-    """A fresh database cloned from the migrated template (cheap: a file copy, no migration run)."""
+async def create_database(pg: LocalPostgres, template: str | None = TEMPLATE) -> str:
+    """A fresh database cloned from the migrated template (cheap: a file copy, no migration run), or an
+    empty one with ``template=None`` (for tests that apply migrations themselves)."""
     name = f"t_{uuid.uuid4().hex[:16]}"
     conn = await asyncpg.connect(pg.dsn)
     try:
-        await conn.execute(f"CREATE DATABASE {name} TEMPLATE {TEMPLATE}")
+        await conn.execute(f"CREATE DATABASE {name}" + (f" TEMPLATE {template}" if template else ""))
     finally:
         await conn.close()
     return pg.dsn_for(name)

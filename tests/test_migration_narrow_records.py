@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import json
 import shutil
-import uuid
 from pathlib import Path
 
 import asyncpg
 import pytest
 
-from tests.conftest import TEMPLATE
+from tests.conftest import TEMPLATE, create_database
 from tests.support import pins
 from workflow_streams.domain.pins import StreamPins
 from workflow_streams.localpg import LocalPostgres
@@ -21,22 +20,13 @@ from workflow_streams.store.reads import RECORD_COLUMNS
 OBJECT = {"region": "eu-west-1", "bucket": "b", "key": "k/1", "size": 70_000, "sha256": "00"}
 
 
-async def _database(pg: LocalPostgres, name: str) -> str:
-    conn = await asyncpg.connect(pg.dsn)
-    try:
-        await conn.execute(f"CREATE DATABASE {name}")
-    finally:
-        await conn.close()
-    return pg.dsn_for(name)
-
-
 async def test_existing_records_are_moved_and_read_back_unchanged(pg: LocalPostgres, tmp_path: Path) -> None:
     before = tmp_path / "before"
     before.mkdir()
     for migration in discover():
         if migration.version < 482:
             shutil.copy(migration.path, before / migration.path.name)
-    dsn = await _database(pg, f"m482_{uuid.uuid4().hex[:12]}")
+    dsn = await create_database(pg, template=None)
     assert 482 not in await apply_migrations(dsn, before)
     stream_pins = StreamPins.model_validate(pins())
     conn = await asyncpg.connect(dsn)

@@ -2,10 +2,8 @@ package main
 
 import (
 	"flag"
-	"fmt"
 	"math/rand"
 	"strings"
-	"time"
 )
 
 type appendReport struct {
@@ -37,16 +35,15 @@ func runAppend(args []string) error {
 	fs := flag.NewFlagSet("append", flag.ExitOnError)
 	var t target
 	base := t.flags(fs)
-	conns := fs.Int("conns", 32, "keep-alive connections, one request in flight on each")
-	duration := fs.Duration("duration", 10*time.Second, "measured time")
-	warmup := fs.Duration("warmup", 2*time.Second, "time before measuring")
+	loop := addLoopFlags(fs, 32)
+	conns, duration, warmup := loop.conns, loop.duration, loop.warmup
 	size := fs.Int("size", 100, "bytes of each record's JSON payload")
 	_ = fs.Parse(args)
 	if err := t.parse(*base); err != nil {
 		return err
 	}
-	if *conns < 1 {
-		return fmt.Errorf("-conns must be at least 1")
+	if err := loop.check(); err != nil {
+		return err
 	}
 	client := newClient(*conns)
 	if err := t.create(client); err != nil {

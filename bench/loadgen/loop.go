@@ -1,10 +1,33 @@
 package main
 
 import (
+	"flag"
+	"fmt"
 	"math/rand"
 	"sync"
 	"time"
 )
+
+// loopFlags are the flags of every closed-loop mode: connections, measured time, warm-up.
+type loopFlags struct {
+	conns            *int
+	duration, warmup *time.Duration
+}
+
+func addLoopFlags(fs *flag.FlagSet, conns int) loopFlags {
+	return loopFlags{
+		conns:    fs.Int("conns", conns, "keep-alive connections, one request in flight on each"),
+		duration: fs.Duration("duration", 10*time.Second, "measured time"),
+		warmup:   fs.Duration("warmup", 2*time.Second, "time before measuring"),
+	}
+}
+
+func (f loopFlags) check() error {
+	if *f.conns < 1 {
+		return fmt.Errorf("-conns must be at least 1")
+	}
+	return nil
+}
 
 // loopResult is what a closed loop measured over its window (the warm-up excluded).
 type loopResult struct {

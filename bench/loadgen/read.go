@@ -6,7 +6,6 @@ import (
 	"io"
 	"math/rand"
 	"net/http"
-	"time"
 )
 
 type readReport struct {
@@ -49,16 +48,15 @@ func runRead(args []string) error {
 	fs := flag.NewFlagSet("read", flag.ExitOnError)
 	var t target
 	base := t.flags(fs)
-	conns := fs.Int("conns", 8, "keep-alive connections, one request in flight on each")
-	duration := fs.Duration("duration", 10*time.Second, "measured time")
-	warmup := fs.Duration("warmup", 2*time.Second, "time before measuring")
+	loop := addLoopFlags(fs, 8)
+	conns, duration, warmup := loop.conns, loop.duration, loop.warmup
 	after := fs.Int64("after", 0, "the cursor: each read asks for the records after this sequence")
 	_ = fs.Parse(args)
 	if err := t.parse(*base); err != nil {
 		return err
 	}
-	if *conns < 1 {
-		return fmt.Errorf("-conns must be at least 1")
+	if err := loop.check(); err != nil {
+		return err
 	}
 	if *after < 0 {
 		return fmt.Errorf("-after must be at least 0")
