@@ -141,13 +141,13 @@ def _account(batch: Batch) -> None:
 async def with_credit_wait(hub: WakeHub, run_id: str, stream_id: str, attempt: Callable[[], Awaitable[T]]) -> T:
     """Run ``attempt``; under the ``block`` policy, on backpressure wait for an ack (bounded by the
     pinned timeout) and try again. Every try decides credit afresh under the row lock."""
+    loop = asyncio.get_running_loop()
+    started = loop.time()  # the pinned timeout counts from the first attempt
     try:
         return await attempt()  # most appends have credit: no watch to set up and take down
     except Backpressure as exc:
         if exc.block_seconds <= 0:
             raise
-    loop = asyncio.get_running_loop()
-    started = loop.time()
     while True:
         # watch before trying again, so an ack that lands between the attempt and the wait still
         # wakes us (an ack before the watch is seen by the attempt, which reads acks afresh)
