@@ -141,6 +141,15 @@ def process_tree_rss(root: int) -> int:
     return sum(int(f[21]) for f in process_tree(root).values()) * resource.getpagesize()  # field 24: rss pages
 
 
+def pg_tool(pg: LocalPostgres, name: str, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    """One of Postgres' client programs (pgbench, psql, createdb) against ``pg``."""
+    command = [str(pg.bindir / name), "-h", "127.0.0.1", "-p", str(pg.port), "-U", "postgres", *args]
+    result = subprocess.run(command, capture_output=True, text=True)
+    if check and result.returncode != 0:
+        raise RuntimeError(f"{name} {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}")
+    return result
+
+
 def postmaster_pid(pg: LocalPostgres) -> int:
     return int((pg.datadir / "postmaster.pid").read_text().split()[0])
 

@@ -7,7 +7,6 @@ import asyncio
 import json
 import re
 import resource
-import subprocess
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -18,7 +17,17 @@ import aiohttp
 import asyncpg
 
 from bench import generator
-from bench.harness import AUTH, PREFIX, TOKEN, Server, listen_overflows, pins, postmaster_pid, process_tree_cpu
+from bench.harness import (
+    AUTH,
+    PREFIX,
+    TOKEN,
+    Server,
+    listen_overflows,
+    pg_tool,
+    pins,
+    postmaster_pid,
+    process_tree_cpu,
+)
 from workflow_streams.localpg import LocalPostgres
 from workflow_streams.store.reads import RECORD_COLUMNS
 
@@ -52,15 +61,6 @@ def _ratio(ours: float, base: float) -> float:
 # --- ceilings -----------------------------------------------------------------------------------
 
 
-def _tool(pg: LocalPostgres, name: str, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    """One of Postgres' client programs against ``pg``."""
-    command = [str(pg.bindir / name), "-h", "127.0.0.1", "-p", str(pg.port), "-U", "postgres", *args]
-    result = subprocess.run(command, capture_output=True, text=True)
-    if check and result.returncode != 0:
-        raise RuntimeError(f"{name} {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}")
-    return result
-
-
 def _pgbench(pg: LocalPostgres, *args: str) -> float:
     return _pgbench_cpu(pg, *args)["tps"]
 
@@ -71,7 +71,7 @@ def _pgbench_cpu(pg: LocalPostgres, *args: str) -> dict[str, float]:
     children = resource.getrusage(resource.RUSAGE_CHILDREN)
     postgres = process_tree_cpu(postmaster_pid(pg))
     began = time.perf_counter()
-    result = _tool(pg, "pgbench", *args)
+    result = pg_tool(pg, "pgbench", *args)
     wall = time.perf_counter() - began
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     match = re.search(r"tps = ([\d.]+)", result.stdout)
@@ -94,8 +94,8 @@ def pgbench_ceilings(pg: LocalPostgres, seconds: int, clients: int = 32, streams
     update (``-N``), and exactly our append transaction on 1,000 streams, without and with the
     in-transaction ``pg_notify`` the server sends today."""
     run = ["-n", "-c", str(clients), "-j", "2", "-T", str(seconds)]
-    _tool(pg, "createdb", "pgbench", check=False)  # exists already on a second call
-    _tool(pg, "pgbench", "-i", "-s", "1", "-q", "pgbench")
+    pg_tool(pg, "createdb", "pgbench", check=False)  # exists already on a second call
+    pg_tool(pg, "pgbench", "-i", "-s", "1", "-q", "pgbench")
     simple_run = _pgbench_cpu(pg, "-N", *run, "pgbench")
     simple = simple_run["tps"]
     print(
@@ -103,7 +103,7 @@ def pgbench_ceilings(pg: LocalPostgres, seconds: int, clients: int = 32, streams
         f"postgres {simple_run['postgres_cores']} ({simple_run['cpu_us_per_txn']} us per transaction)",
         flush=True,
     )
-    _tool(
+    pg_tool(
         pg,
         "psql",
         "-qX",
@@ -126,7 +126,7 @@ def pgbench_ceilings(pg: LocalPostgres, seconds: int, clients: int = 32, streams
         tps = _pgbench(pg, "-f", str(PGBENCH_SCRIPTS / script), "-D", f"streams={streams}", *run, "postgres")
         out[name] = round(tps)
         print(f"  pgbench {script}, {streams:,} streams, {clients} clients: {tps:,.0f} tps", flush=True)
-    _tool(
+    pg_tool(
         pg,
         "psql",
         "-qX",

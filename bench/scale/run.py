@@ -36,7 +36,6 @@ import os
 import random
 import re
 import statistics
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -49,6 +48,7 @@ from bench.harness import (
     TOKEN,
     Server,
     machine,
+    pg_tool,
     pins,
     postmaster_pid,
     process_tree_cpu,
@@ -365,11 +365,6 @@ def page_read_script(directory: Path) -> Path:
     return path
 
 
-def _tool(pg: LocalPostgres, name: str, *args: str) -> str:
-    command = [str(pg.bindir / name), "-h", "127.0.0.1", "-p", str(pg.port), "-U", "postgres", *args]
-    return subprocess.run(command, capture_output=True, text=True, check=True).stdout
-
-
 async def page_read_ceiling(
     pg: LocalPostgres, database: str, streams: int, seconds: float, script: Path
 ) -> dict[str, Any]:
@@ -382,7 +377,7 @@ async def page_read_ceiling(
         await conn.execute("SELECT pg_stat_clear_snapshot()")
         hit0, read0 = await conn.fetchrow(blocks)
         args = ["-n", "-M", "prepared", "-c", "8", "-j", "2", "-T", str(int(seconds)), "-D", f"streams={streams}"]
-        text = await asyncio.to_thread(_tool, pg, "pgbench", *args, "-f", str(script), database)
+        text = (await asyncio.to_thread(pg_tool, pg, "pgbench", *args, "-f", str(script), database)).stdout
         # pgbench's backends flushed their counters as they exited; a fresh snapshot sees them
         await conn.execute("SELECT pg_stat_clear_snapshot()")
         hit1, read1 = await conn.fetchrow(blocks)
