@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -222,3 +223,69 @@ def percentiles(samples_ms: list[float]) -> dict[str, float]:
         return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
     return {"p50": at(0.50), "p99": at(0.99), "p99.9": at(0.999), "mean": statistics.fmean(ordered), "n": len(ordered)}
+
+
+# --- CPU of everyone involved -------------------------------------------------------------------
+
+
+def machine_jiffies() -> tuple[int, int]:
+    """(busy, total) clock ticks of the whole machine since boot (/proc/stat's first line)."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + fields[4]  # idle, iowait
+    return sum(fields[:8]) - idle, sum(fields[:8])
+
+
+@dataclass
+class Meter:
+    """Samples the server's and Postgres' CPU, the whole machine's busy time and the server's memory
+    whenever the generator enters a phase (pass ``mark`` as its ``on_phase``), so that figures cover
+    exactly the measured window."""
+
+    server: Server
+    postgres_pid: int
+    # name -> (wall clock, server CPU s, Postgres CPU s, server RSS, machine busy ticks, machine ticks)
+    marks: dict[str, tuple[float, float, float, int, int, int]] = field(default_factory=dict)
+
+    def mark(self, name: str) -> None:
+        busy, total = machine_jiffies()
+        self.marks[name] = (
+            time.perf_counter(),
+            self.server.cpu_seconds(),
+            process_tree_cpu(self.postgres_pid),
+            self.server.rss_bytes(),
+            busy,
+            total,
+        )
+
+    def between(self, start: str, end: str) -> dict[str, float]:
+        """Seconds of CPU and cores used (CPU seconds per wall second) between two marks."""
+        t0, s0, p0, *_ = self.marks[start]
+        t1, s1, p1, *_ = self.marks[end]
+        wall = max(t1 - t0, 1e-9)
+        return {
+            "wall_s": round(wall, 3),
+            "server_cpu_s": round(s1 - s0, 3),
+            "server_cores": round((s1 - s0) / wall, 3),
+            "postgres_cpu_s": round(p1 - p0, 3),
+            "postgres_cores": round((p1 - p0) / wall, 3),
+        }
+
+    def cores(self, start: str, end: str, generator_cpu_s: float) -> dict[str, float]:
+        """Cores busy between two marks: the server's, Postgres', the generator's, the whole machine's,
+        and others' (the machine's busy time minus ours: on a shared machine, what other work took
+        while the figure was measured)."""
+        t0, s0, p0, _, b0, n0 = self.marks[start]
+        t1, s1, p1, _, b1, n1 = self.marks[end]
+        seconds = max(t1 - t0, 1e-9)
+        machine = (b1 - b0) / max(n1 - n0, 1) * (os.cpu_count() or 1)
+        ours = (s1 - s0 + p1 - p0 + generator_cpu_s) / seconds
+        return {
+            "server": round((s1 - s0) / seconds, 3),
+            "postgres": round((p1 - p0) / seconds, 3),
+            "generator": round(generator_cpu_s / seconds, 3),
+            "machine": round(machine, 3),
+            "others": round(max(0.0, machine - ours), 3),
+        }
+
+    def rss(self, name: str) -> int:
+        return self.marks[name][3]

@@ -9,7 +9,7 @@ import re
 import resource
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,7 @@ from bench.harness import (
     AUTH,
     PREFIX,
     TOKEN,
+    Meter,
     Server,
     listen_overflows,
     pg_tool,
@@ -139,43 +140,6 @@ def pgbench_ceilings(pg: LocalPostgres, seconds: int, clients: int = 32, streams
         "postgres",
     )
     return out
-
-
-# --- CPU of everyone involved ---------------------------------------------------------------------
-
-
-@dataclass
-class Meter:
-    """Samples the server's and Postgres' CPU (and the server's memory) whenever the generator
-    enters a phase, so that figures cover exactly the measured window."""
-
-    server: Server
-    postgres_pid: int
-    marks: dict[str, tuple[float, float, float, int]] = field(default_factory=dict)
-
-    def mark(self, name: str) -> None:
-        self.marks[name] = (
-            time.perf_counter(),
-            self.server.cpu_seconds(),
-            process_tree_cpu(self.postgres_pid),
-            self.server.rss_bytes(),
-        )
-
-    def between(self, start: str, end: str) -> dict[str, float]:
-        """Seconds of CPU and cores used (CPU seconds per wall second) between two marks."""
-        t0, s0, p0, _ = self.marks[start]
-        t1, s1, p1, _ = self.marks[end]
-        wall = max(t1 - t0, 1e-9)
-        return {
-            "wall_s": round(wall, 3),
-            "server_cpu_s": round(s1 - s0, 3),
-            "server_cores": round((s1 - s0) / wall, 3),
-            "postgres_cpu_s": round(p1 - p0, 3),
-            "postgres_cores": round((p1 - p0) / wall, 3),
-        }
-
-    def rss(self, name: str) -> int:
-        return self.marks[name][3]
 
 
 # --- appends ------------------------------------------------------------------------------------

@@ -32,7 +32,6 @@ import asyncio
 import datetime as dt
 import itertools
 import json
-import os
 import random
 import re
 import statistics
@@ -46,12 +45,12 @@ from bench import generator
 from bench.harness import (
     PREFIX,
     TOKEN,
+    Meter,
     Server,
     machine,
     pg_tool,
     pins,
     postmaster_pid,
-    process_tree_cpu,
     raise_open_files_limit,
     start_postgres,
 )
@@ -235,58 +234,16 @@ async def sweeps(dsn: str, streams: int) -> dict[str, Any]:
     }
 
 
-def _machine_jiffies() -> tuple[int, int]:
-    """(busy, total) clock ticks of the whole machine since boot (/proc/stat's first line)."""
-    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    idle = fields[3] + fields[4]  # idle, iowait
-    return sum(fields[:8]) - idle, sum(fields[:8])
-
-
-class Window:
-    """CPU during a generator's measured window (its "measuring" to "measured" phases), in cores: the
-    server's process tree, Postgres' (every backend), and the whole machine's busy time. The machine
-    is shared (other sessions work on it): the machine's busy time minus ours, the generator's
-    included, is what others took while the figure was measured."""
-
-    def __init__(self, server: Server, postgres_pid: int) -> None:
-        self.server, self.postgres_pid = server, postgres_pid
-        self.samples: dict[str, tuple[float, float, float, int, int]] = {}
-
-    def on_phase(self, name: str) -> None:
-        if name in ("measuring", "measured"):
-            busy, total = _machine_jiffies()
-            self.samples[name] = (
-                time.perf_counter(),
-                self.server.cpu_seconds(),
-                process_tree_cpu(self.postgres_pid),
-                busy,
-                total,
-            )
-
-    def cores(self, generator_cpu_s: float) -> dict[str, float]:
-        (t0, s0, p0, b0, n0), (t1, s1, p1, b1, n1) = self.samples["measuring"], self.samples["measured"]
-        seconds = t1 - t0
-        machine = (b1 - b0) / (n1 - n0) * (os.cpu_count() or 1)
-        ours = (s1 - s0 + p1 - p0 + generator_cpu_s) / seconds
-        return {
-            "server": round((s1 - s0) / seconds, 3),
-            "postgres": round((p1 - p0) / seconds, 3),
-            "generator": round(generator_cpu_s / seconds, 3),
-            "machine": round(machine, 3),
-            "others": round(max(0.0, machine - ours), 3),
-        }
-
-
 async def measured(
     mode: str, server: Server, postgres_pid: int, streams: int, seconds: float, **flags: Any
 ) -> dict[str, Any]:
     """One ``wfs-loadgen`` run (8 connections, 2 s warm-up) with the CPU of its measured window."""
-    window = Window(server, postgres_pid)
+    meter = Meter(server, postgres_pid)
     report = await generator.run(
         mode,
         server.url + PREFIX,
         TOKEN,
-        on_phase=window.on_phase,
+        on_phase=meter.mark,
         run="bench",
         prefix="bench-",
         streams=streams,
@@ -295,7 +252,7 @@ async def measured(
         duration=f"{seconds}s",
         **flags,
     )
-    report["cores"] = window.cores(report["cpu_seconds"])
+    report["cores"] = meter.cores("measuring", "measured", report["cpu_seconds"])
     return report
 
 
