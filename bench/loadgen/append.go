@@ -7,18 +7,9 @@ import (
 )
 
 type appendReport struct {
-	Mode        string         `json:"mode"`
-	Connections int            `json:"connections"`
-	Streams     int            `json:"streams"`
-	RecordBytes int            `json:"record_bytes"`
-	WarmupS     float64        `json:"warmup_s"`
-	DurationS   float64        `json:"duration_s"`
-	RequestsOK  int            `json:"requests_ok"`
-	Errors      map[string]int `json:"errors"`
-	AppendsPerS float64        `json:"appends_per_s"`
-	LatencyMS   Latency        `json:"latency_ms"`
-	CPUSeconds  float64        `json:"cpu_seconds"`
-	CPUShare    float64        `json:"cpu_share"`
+	loopReport
+	RecordBytes int     `json:"record_bytes"`
+	AppendsPerS float64 `json:"appends_per_s"`
 }
 
 // appendBody is one record whose JSON payload is exactly size bytes (a string of 'x').
@@ -36,17 +27,13 @@ func runAppend(args []string) error {
 	var t target
 	base := t.flags(fs)
 	loop := addLoopFlags(fs, 32)
-	conns, duration, warmup := loop.conns, loop.duration, loop.warmup
 	size := fs.Int("size", 100, "bytes of each record's JSON payload")
 	_ = fs.Parse(args)
 	if err := t.parse(*base); err != nil {
 		return err
 	}
-	if err := loop.check(); err != nil {
-		return err
-	}
-	client := newClient(*conns)
-	if err := t.create(client); err != nil {
+	client, err := loop.open(&t)
+	if err != nil {
 		return err
 	}
 	body := appendBody(*size)
@@ -55,17 +42,12 @@ func runAppend(args []string) error {
 		urls[i] = t.recordsURL(i)
 	}
 
-	r := closedLoop(*conns, *warmup, *duration, 201, func(rng *rand.Rand) (int, int64, error) {
+	r := closedLoop(*loop.conns, *loop.warmup, *loop.duration, 201, func(rng *rand.Rand) (int, int64, error) {
 		status, _, err := t.post(client, urls[rng.Intn(len(urls))], body)
 		return status, 0, err
 	})
 	out := appendReport{
-		Mode: "append", Connections: *conns, Streams: t.streams, RecordBytes: *size,
-		WarmupS: warmup.Seconds(), DurationS: duration.Seconds(), Errors: r.Errors, RequestsOK: r.OK,
+		loopReport: loop.report("append", &t, r), RecordBytes: *size, AppendsPerS: loop.perSecond(float64(r.OK)),
 	}
-	out.AppendsPerS = round3(float64(r.OK) / duration.Seconds())
-	out.LatencyMS = summarize(r.Latencies)
-	out.CPUSeconds = round3(r.CPUSeconds)
-	out.CPUShare = round3(r.CPUSeconds / duration.Seconds())
 	return report(out)
 }

@@ -4,6 +4,7 @@ import (
 	"flag"
 	"fmt"
 	"math/rand"
+	"net/http"
 	"sync"
 	"time"
 )
@@ -22,12 +23,43 @@ func addLoopFlags(fs *flag.FlagSet, conns int) loopFlags {
 	}
 }
 
-func (f loopFlags) check() error {
+// open checks the loop's flags, opens a client with one connection per loop and creates the
+// target's streams when -create asks for it: what every closed-loop mode does before it runs.
+func (f loopFlags) open(t *target) (*http.Client, error) {
 	if *f.conns < 1 {
-		return fmt.Errorf("-conns must be at least 1")
+		return nil, fmt.Errorf("-conns must be at least 1")
 	}
-	return nil
+	client := newClient(*f.conns)
+	return client, t.create(client)
 }
+
+// loopReport is the part of a closed-loop mode's JSON report every mode has.
+type loopReport struct {
+	Mode        string         `json:"mode"`
+	Connections int            `json:"connections"`
+	Streams     int            `json:"streams"`
+	WarmupS     float64        `json:"warmup_s"`
+	DurationS   float64        `json:"duration_s"`
+	RequestsOK  int            `json:"requests_ok"`
+	Errors      map[string]int `json:"errors"`
+	LatencyMS   Latency        `json:"latency_ms"`
+	CPUSeconds  float64        `json:"cpu_seconds"`
+	CPUShare    float64        `json:"cpu_share"`
+}
+
+// report is the common part of the report on r, a run of this loop against t.
+func (f loopFlags) report(mode string, t *target, r loopResult) loopReport {
+	return loopReport{
+		Mode: mode, Connections: *f.conns, Streams: t.streams,
+		WarmupS: f.warmup.Seconds(), DurationS: f.duration.Seconds(), RequestsOK: r.OK, Errors: r.Errors,
+		LatencyMS:  summarize(r.Latencies),
+		CPUSeconds: round3(r.CPUSeconds),
+		CPUShare:   round3(r.CPUSeconds / f.duration.Seconds()),
+	}
+}
+
+// perSecond is n over the measured time.
+func (f loopFlags) perSecond(n float64) float64 { return round3(n / f.duration.Seconds()) }
 
 // loopResult is what a closed loop measured over its window (the warm-up excluded).
 type loopResult struct {

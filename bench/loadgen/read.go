@@ -9,19 +9,10 @@ import (
 )
 
 type readReport struct {
-	Mode        string         `json:"mode"`
-	Connections int            `json:"connections"`
-	Streams     int            `json:"streams"`
-	After       int64          `json:"after"`
-	WarmupS     float64        `json:"warmup_s"`
-	DurationS   float64        `json:"duration_s"`
-	RequestsOK  int            `json:"requests_ok"`
-	Errors      map[string]int `json:"errors"`
-	ReadsPerS   float64        `json:"reads_per_s"`
-	BytesPerS   float64        `json:"bytes_per_s"`
-	LatencyMS   Latency        `json:"latency_ms"`
-	CPUSeconds  float64        `json:"cpu_seconds"`
-	CPUShare    float64        `json:"cpu_share"`
+	loopReport
+	After     int64   `json:"after"`
+	ReadsPerS float64 `json:"reads_per_s"`
+	BytesPerS float64 `json:"bytes_per_s"`
 }
 
 // get reads one page and all of its body (so the keep-alive connection is reused); returns the
@@ -49,36 +40,27 @@ func runRead(args []string) error {
 	var t target
 	base := t.flags(fs)
 	loop := addLoopFlags(fs, 8)
-	conns, duration, warmup := loop.conns, loop.duration, loop.warmup
 	after := fs.Int64("after", 0, "the cursor: each read asks for the records after this sequence")
 	_ = fs.Parse(args)
 	if err := t.parse(*base); err != nil {
 		return err
 	}
-	if err := loop.check(); err != nil {
-		return err
-	}
 	if *after < 0 {
 		return fmt.Errorf("-after must be at least 0")
 	}
-	client := newClient(*conns)
-	if err := t.create(client); err != nil {
+	client, err := loop.open(&t)
+	if err != nil {
 		return err
 	}
 	// built per request, not up front: a million streams would be a million strings held for nothing
 	urlOf := func(i int) string { return fmt.Sprintf("%s?after=%d", t.recordsURL(i), *after) }
 
-	r := closedLoop(*conns, *warmup, *duration, 200, func(rng *rand.Rand) (int, int64, error) {
+	r := closedLoop(*loop.conns, *loop.warmup, *loop.duration, 200, func(rng *rand.Rand) (int, int64, error) {
 		return t.get(client, urlOf(rng.Intn(t.streams)))
 	})
 	out := readReport{
-		Mode: "read", Connections: *conns, Streams: t.streams, After: *after,
-		WarmupS: warmup.Seconds(), DurationS: duration.Seconds(), Errors: r.Errors, RequestsOK: r.OK,
+		loopReport: loop.report("read", &t, r), After: *after,
+		ReadsPerS: loop.perSecond(float64(r.OK)), BytesPerS: loop.perSecond(float64(r.Bytes)),
 	}
-	out.ReadsPerS = round3(float64(r.OK) / duration.Seconds())
-	out.BytesPerS = round3(float64(r.Bytes) / duration.Seconds())
-	out.LatencyMS = summarize(r.Latencies)
-	out.CPUSeconds = round3(r.CPUSeconds)
-	out.CPUShare = round3(r.CPUSeconds / duration.Seconds())
 	return report(out)
 }
