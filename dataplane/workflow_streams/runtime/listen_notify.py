@@ -27,6 +27,7 @@ import asyncpg
 
 from ..domain.wakes import CHANNEL, MalformedPayload, Signal, decode
 from ..store import notify
+from ..store.db import DB_UNAVAILABLE
 from .wakes import Deliver
 
 log = logging.getLogger(__name__)
@@ -113,8 +114,8 @@ class ListenNotify:
                 backoff = 0.1
             except asyncio.CancelledError:
                 raise
-            except (*_CONNECTION_ERRORS, asyncpg.PostgresError) as exc:
-                log.warning("NOTIFY failed (%s); retrying in %.1fs", exc, backoff)
+            except Exception as exc:  # the sender must outlive any failure, or other processes hear nothing
+                _log_failure(exc, "NOTIFY failed", backoff)
                 if self._notify_conn is not None:
                     self._notify_conn.terminate()
                     self._notify_conn = None
@@ -155,10 +156,10 @@ class ListenNotify:
                 raise ConnectionError("LISTEN connection terminated")
             except asyncio.CancelledError:
                 raise
-            except (*_CONNECTION_ERRORS, asyncpg.PostgresError) as exc:
+            except Exception as exc:  # likewise the listener: its end would leave only the polls
                 self.connected.clear()
                 self.reconnects += 1
-                log.warning("LISTEN connection lost (%s); reconnecting in %.1fs", exc, backoff)
+                _log_failure(exc, "LISTEN connection lost", backoff)
                 if self._listen_conn is not None:
                     self._listen_conn.terminate()
                     self._listen_conn = None
@@ -166,9 +167,10 @@ class ListenNotify:
                 backoff = min(backoff * 2, 5.0)
 
 
-_CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
-    OSError,
-    ConnectionError,
-    asyncpg.InterfaceError,
-    TimeoutError,
-)
+def _log_failure(exc: Exception, what: str, backoff: float) -> None:
+    """A lost connection is expected (a restart, a failover, a killed backend): one line. Anything else
+    is a bug, logged with its traceback, and the loop still carries on."""
+    if isinstance(exc, (*DB_UNAVAILABLE, asyncpg.PostgresError)):
+        log.warning("%s (%s); retrying in %.1fs", what, exc, backoff)
+    else:
+        log.error("%s unexpectedly; retrying in %.1fs", what, backoff, exc_info=exc)

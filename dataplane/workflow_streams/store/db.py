@@ -12,6 +12,10 @@ DB_UNAVAILABLE: tuple[type[BaseException], ...] = (
     OSError,
     asyncpg.PostgresConnectionError,
     asyncpg.InterfaceError,
+    # A backend killed inside a transaction: asyncpg's protocol can still mark the previous statement in
+    # progress, and refuses the next one (the COMMIT, mostly) with this before sending it, so nothing
+    # was committed and a retry is right (tests/test_backend_loss.py; it was a 500 for the whole batch).
+    asyncpg.InternalClientError,
     asyncpg.CannotConnectNowError,
     asyncpg.AdminShutdownError,
     asyncpg.CrashShutdownError,
