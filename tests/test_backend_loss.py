@@ -1,17 +1,21 @@
-"""Postgres backends killed under load: callers see a retryable 503, never a 500, and nothing is lost or doubled.
+"""Postgres backends killed under load: appends are retried or answered 503, never 500; nothing lost or doubled.
 
 ``pg_terminate_backend`` is what a failover, an idle-session reaper or an operator's kill looks like to
 the server's pooled connections. A connection killed inside the group commit's transaction used to
 surface as asyncpg's ``InternalClientError`` from the COMMIT (its protocol still marked the previous
-statement in progress), which no handler knew: a 500 for every request in the batch.
+statement in progress), which no handler knew: a 500 for every request in the batch. Now a batch whose
+connection is lost before its COMMIT is sent is tried again on another connection; lost during the
+COMMIT, its callers get a 503 and retry with their Idempotency-Key.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 import asyncpg
+import pytest
 
 from tests.support import StreamsApi, problem
 from tests.waiting import eventually
@@ -47,7 +51,10 @@ async def _read_all_or_none(api: StreamsApi, stream: str) -> list[dict[str, Any]
         records += page["records"]
 
 
-async def test_killed_backends_cost_retries_not_errors(api: StreamsApi, db: asyncpg.Connection) -> None:
+async def test_killed_backends_cost_retries_not_errors(
+    api: StreamsApi, db: asyncpg.Connection, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="workflow_streams")
     for s in range(STREAMS):
         assert (await api.create("r", f"s{s}")).status == 201
     statuses: list[int] = []
@@ -80,7 +87,9 @@ async def test_killed_backends_cost_retries_not_errors(api: StreamsApi, db: asyn
         progressed.set()
         await killing
 
-    assert kills > 0 and 503 in statuses, "the test killed nothing a request noticed; it proved nothing"
+    # the appends met dead connections: retried inside the server (lost before COMMIT) or answered 503
+    met = [m for m in caplog.messages if "before COMMIT" in m or "database unavailable" in m]
+    assert kills > 0 and met, "the test killed nothing an append noticed; it proved nothing"
     seen: list[str] = []
     for s in range(STREAMS):
         # the pool may still hand out a connection killed last: reads answer 503 until it is replaced

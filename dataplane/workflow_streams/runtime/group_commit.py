@@ -30,6 +30,9 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
+# tries of one batch: deadlocks with lockers outside our key order, connections lost before COMMIT
+_ATTEMPTS = 3
+
 # a blocked appender re-checks its credit at least this often, in case an ack's signal was lost
 _ACK_POLL_SECONDS = 1.0
 
@@ -122,15 +125,28 @@ class GroupCommit:
                 future.set_result(outcome)
 
     async def _transaction(self, requests: list[AppendRequest]) -> Batch:
-        async with self._pool.acquire() as conn:
-            for attempt in range(3):
-                try:
-                    async with conn.transaction():
-                        return await append_batch(conn, requests)
-                except asyncpg.DeadlockDetectedError:
-                    # only lockers outside our key order can cause one; the batch is still whole
-                    if attempt == 2:
-                        raise
+        for attempt in range(_ATTEMPTS):
+            committing = False
+            try:
+                async with self._pool.acquire() as conn, conn.transaction():
+                    batch = await append_batch(conn, requests)
+                    committing = True  # leaving the block sends COMMIT
+                return batch
+            except asyncpg.DeadlockDetectedError:
+                # only lockers outside our key order can cause one; the batch is still whole
+                if attempt == _ATTEMPTS - 1:
+                    raise
+            except DB_UNAVAILABLE as exc:
+                # A connection lost before its COMMIT was sent committed nothing, so the batch is tried
+                # again on another (after a failover every pooled connection is dead, and each would
+                # otherwise cost its batch a 503). asyncpg's InternalClientError refuses a statement
+                # before sending it, so a COMMIT refused with it was not sent either (store.db). Lost
+                # during the COMMIT, the outcome is unknown: the callers get the 503, and their
+                # Idempotency-Keys make their retries safe.
+                unsent = not committing or isinstance(exc, asyncpg.InternalClientError)
+                if not unsent or attempt == _ATTEMPTS - 1:
+                    raise
+                log.info("group commit lost its connection before COMMIT was sent (%s); trying again on another", exc)
         raise AssertionError("unreachable")
 
 
