@@ -1,4 +1,5 @@
-"""Postgres backends killed under load: appends are retried or answered 503, never 500; nothing lost or doubled.
+"""Postgres backends killed under load: appends are retried or answered 503, never 500; nothing lost or
+doubled, and live subscribers still get every record once, in order.
 
 ``pg_terminate_backend`` is what a failover, an idle-session reaper or an operator's kill looks like to
 the server's pooled connections. A connection killed inside the group commit's transaction used to
@@ -17,7 +18,8 @@ from typing import Any
 import asyncpg
 import pytest
 
-from tests.support import StreamsApi, problem
+from tests.support import SseReader, StreamsApi, problem
+from tests.test_sse import subscribe
 from tests.waiting import eventually
 
 APPENDERS = 12
@@ -79,6 +81,10 @@ async def test_killed_backends_cost_retries_not_errors(
                 " WHERE application_name LIKE 'wfs-%' AND pid <> pg_backend_pid()"
             )
 
+    # a live subscriber per stream, subscribed before the first append: its reads meet dead connections too
+    readers = [SseReader(await subscribe(api, "r", f"s{s}")) for s in range(STREAMS)]
+    per_stream = APPENDERS * APPENDS_EACH // STREAMS
+    following = [asyncio.create_task(reader.records(per_stream)) for reader in readers]
     killing = asyncio.create_task(killer())
     try:
         await asyncio.gather(*(appender(n) for n in range(APPENDERS)))
@@ -86,6 +92,10 @@ async def test_killed_backends_cost_retries_not_errors(
         done = True
         progressed.set()
         await killing
+    for task in following:  # every record once, in order, no gaps: live delivery rode out the kills
+        assert await task == list(range(1, per_stream + 1))
+    for reader in readers:
+        reader.resp.close()
 
     # the appends met dead connections: retried inside the server (lost before COMMIT) or answered 503
     met = [m for m in caplog.messages if "before COMMIT" in m or "database unavailable" in m]
