@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import hashlib
+import io
 import json
 import logging
 from collections.abc import AsyncIterator, Mapping
@@ -97,7 +98,7 @@ class ObjectStore:
         hold = {"ObjectLockLegalHoldStatus": "ON"} if legal_hold else {}
         parts = _parts(chunks, size)
         if size <= PART_BYTES:  # one PUT, with the checksum S3 verifies on arrival
-            body = b"".join([part async for part in parts])
+            body = b"".join([part.getvalue() async for part in parts])
             _check(hashlib.sha256(body), len(body), size, sha256_hex)
             digest = hashlib.sha256(body).digest()
             await client.put_object(Bucket=bucket, Key=key, Body=body, ChecksumSHA256=_b64(digest), **hold)
@@ -109,9 +110,10 @@ class ObjectStore:
             done: list[dict[str, Any]] = []
             digests: list[bytes] = []
             async for part in parts:
-                whole.update(part)
-                received += len(part)
-                digest = hashlib.sha256(part).digest()
+                with part.getbuffer() as view:
+                    whole.update(view)
+                    received += len(view)
+                    digest = hashlib.sha256(view).digest()
                 number = len(done) + 1
                 response = await client.upload_part(
                     Bucket=bucket,
@@ -188,21 +190,28 @@ class ObjectStore:
         return response["Body"]
 
 
-async def _parts(chunks: AsyncIterator[bytes], size: int) -> AsyncIterator[bytes]:
+async def _parts(chunks: AsyncIterator[bytes], size: int) -> AsyncIterator[io.BytesIO]:
     """Regroup a byte stream into parts of at least PART_BYTES (the last may be smaller); refuse more
-    bytes than were prepared. One part buffer is alive per upload."""
-    buffer = bytearray()
+    bytes than were prepared. One part buffer is alive per upload.
+
+    A part is a BytesIO its bytes were written into, not ``bytes``: botocore wraps a ``bytes`` body in a
+    BytesIO that shares it, and aiohttp's ``getbuffer()`` on that copies the whole part, so each part in
+    flight was held twice (tracemalloc in the server, tests/test_objects_memory.py). A BytesIO of our own
+    is sent in chunks straight from its buffer."""
+    buffer = io.BytesIO()
     received = 0
     async for chunk in chunks:
         received += len(chunk)
         if received > size:
             raise ObjectMismatch(f"the upload is larger than the prepared size {size}", field="size", size=size)
-        buffer += chunk
-        if len(buffer) >= PART_BYTES:
-            part, buffer = bytes(buffer), bytearray()
-            yield part
-    if buffer:
-        yield bytes(buffer)
+        buffer.write(chunk)
+        if buffer.tell() >= PART_BYTES:
+            buffer.seek(0)
+            yield buffer
+            buffer = io.BytesIO()
+    if buffer.tell():
+        buffer.seek(0)
+        yield buffer
 
 
 def _b64(digest: bytes) -> str:
