@@ -98,9 +98,12 @@ class ObjectStore:
         hold = {"ObjectLockLegalHoldStatus": "ON"} if legal_hold else {}
         parts = _parts(chunks, size)
         if size <= PART_BYTES:  # one PUT, with the checksum S3 verifies on arrival
-            body = b"".join([part.getvalue() async for part in parts])
-            _check(hashlib.sha256(body), len(body), size, sha256_hex)
-            digest = hashlib.sha256(body).digest()
+            # at most one part; drained all the same, so that bytes beyond the prepared size are refused
+            (body,) = [part async for part in parts] or [io.BytesIO()]
+            with body.getbuffer() as view:
+                whole, received = hashlib.sha256(view), len(view)
+            _check(whole, received, size, sha256_hex)
+            digest = whole.digest()
             await client.put_object(Bucket=bucket, Key=key, Body=body, ChecksumSHA256=_b64(digest), **hold)
             return s3_checksum([digest])
         upload = await client.create_multipart_upload(Bucket=bucket, Key=key, ChecksumAlgorithm="SHA256", **hold)
