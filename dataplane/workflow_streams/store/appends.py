@@ -38,7 +38,7 @@ from ..domain.errors import (
 from ..domain.pins import Credit, StreamPins
 from ..domain.records import DEFAULT_CONTENT_TYPE, RecordIn, request_digest
 from ..domain.wakes import INPUTS, RECORDS, Signal
-from .definitions import pins_of
+from . import streams
 
 RETRY_AFTER_SECONDS = 1
 
@@ -133,8 +133,10 @@ CONNECTION_SETTINGS = {"plan_cache_mode": "force_generic_plan", "enable_seqscan"
 # whole table (Postgres at a full core for 550 appends/s in the benchmark; auto_explain showed it).
 # The ack is read in the statement's snapshot, which may predate the lock's wait: acks only advance,
 # so an older one can only refuse credit that a retry (woken by the ack's signal) then grants.
+# The stream's columns are named, without the pins document (``streams.pins_for``).
 _LOCK = """
-SELECT s.*, m.min_ack,
+SELECT s.stream_key, s.run_id, s.stream_id, s.pins_digest, s.created_by, s.last_sequence, s.appended_bytes,
+       s.earliest_sequence, s.pruned_bytes, s.closed_at, m.min_ack,
        (SELECT r.cumulative_bytes FROM wfs_records r
         WHERE r.stream_key = s.stream_key AND r.sequence = m.min_ack) AS ack_bytes
 FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS k(run_id, stream_id, position)
@@ -309,6 +311,7 @@ async def append_batch(conn: asyncpg.Connection, requests: Sequence[AppendReques
     """Decide and write ``requests`` (any streams) in the caller's transaction. Each request gets its
     result or the error that refused it; refusals write nothing and never fail the others."""
     rows = await lock_streams(conn, [q.key for q in requests])
+    pins_by_digest = await streams.pins_for(conn, rows.values())
     usages = _usages(rows)
     receipts = await _receipts(conn, requests)
     batch = Batch(outcomes=[])
@@ -318,7 +321,7 @@ async def append_batch(conn: asyncpg.Connection, requests: Sequence[AppendReques
         if row is None:
             batch.outcomes.append(StreamNotFound("no such stream"))
             continue
-        pins = pins_of(row)
+        pins = pins_by_digest[row["pins_digest"]]
         usage = usages[request.key]
         try:
             result = _decide(row, pins, usage, request, receipts)

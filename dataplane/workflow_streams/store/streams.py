@@ -8,7 +8,7 @@ no ``asyncpg.Record`` of a stream leaves the store.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -71,6 +71,32 @@ def pins_of(row: Mapping[str, Any]) -> StreamPins:
         pins = StreamPins.read_stored(row["pins"])
         _PINS_CACHE[digest] = pins
     return pins
+
+
+# by stream key, the document of each digest among them (DISTINCT ON: one row per digest)
+_PINS_BY_KEY = """
+SELECT DISTINCT ON (pins_digest) pins_digest, pins FROM wfs_streams WHERE stream_key = ANY($1::bigint[])
+"""
+
+
+async def pins_for(conn: asyncpg.Connection, rows: Iterable[Mapping[str, Any]]) -> dict[str, StreamPins]:
+    """The pins of rows selected without their document (``stream_key`` and ``pins_digest`` only), by
+    digest: from the cache, and what it lacks in one query. For hot statements: the document is the
+    row's largest column, and decoding it on every append cost more than the rest of the row (the lock
+    statement with ``s.*``: 15 us more of server CPU per append at 1,000 streams x 32 connections)."""
+    found: dict[str, StreamPins] = {}
+    missing: list[int] = []
+    for row in rows:
+        digest = row["pins_digest"]
+        pins = _PINS_CACHE.get(digest)
+        if pins is not None:
+            found[digest] = pins
+        elif digest not in found:
+            missing.append(row["stream_key"])
+    if missing:
+        for row in await conn.fetch(_PINS_BY_KEY, missing):
+            found[row["pins_digest"]] = pins_of(row)
+    return found
 
 
 def row_of(row: Mapping[str, Any]) -> StreamRow:
