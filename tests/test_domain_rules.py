@@ -15,6 +15,7 @@ from workflow_streams.domain.pins import StreamPins, parse_pins
 from workflow_streams.domain.records import is_json as records_is_json
 from workflow_streams.domain.records import parse_append_body
 from workflow_streams.domain.redaction import loggable_payload
+from workflow_streams.domain.wakes import MAX_PAYLOAD_BYTES, RECORDS, Signal, decode, encode
 
 JSON_TYPES = ["application/json", "Application/JSON", "application/json; charset=utf-8", "application/cloudevents+json"]
 NOT_JSON = ["text/json", "application/x-ndjson", "application/jsonl", "text/plain", "application/octet-stream", ""]
@@ -81,3 +82,16 @@ def test_an_idempotency_key_matches_what_it_prepared() -> None:
     assert ObjectPins("k", "a" * 64, 10, "application/pdf", None, "eu-west-1", 60).same_as(prepared)
     assert not ObjectPins("k", "a" * 64, 10, "application/pdf", None, "us-east-1", 60).same_as(prepared)
     assert not ObjectPins("k", "b" * 64, 10, "application/pdf", None, None, 60).same_as(prepared)
+
+
+def test_wake_payloads_round_trip_and_a_process_skips_its_own() -> None:
+    signals = [Signal(RECORDS, "run", f"stream-{i}", i + 1, i + 3) for i in range(600)]
+    payloads = encode(signals, "me")
+    assert len(payloads) > 1
+    assert all(len(p.encode()) <= MAX_PAYLOAD_BYTES for p in payloads)
+    decoded = [decode(p) for p in payloads]
+    assert {sender for sender, _ in decoded} == {"me"}
+    assert [s for _, batch in decoded for s in batch] == signals
+    # a process hears its own notifications; it delivered those signals at publish
+    assert [decode(p, unless_from="me") for p in payloads] == [("me", [])] * len(payloads)
+    assert decode(payloads[0], unless_from="another") == decoded[0]

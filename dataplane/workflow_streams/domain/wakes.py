@@ -8,7 +8,7 @@ lock once per batch of commits, not once per commit.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from typing import NamedTuple
 
 # One channel carries every kind; the kind is the first character of a line.
 CHANNEL = "wfs_wakes"
@@ -23,8 +23,10 @@ MAX_PAYLOAD_BYTES = 7900
 _VERSION = "wfs1"
 
 
-@dataclass(frozen=True)
-class Signal:
+class Signal(NamedTuple):
+    """Immutable and cheap to make: every commit publishes some and every process decodes the others'
+    (a frozen dataclass sets each field through ``object.__setattr__``)."""
+
     kind: str
     run_id: str
     stream_id: str
@@ -65,12 +67,16 @@ class MalformedPayload(ValueError):
     pass
 
 
-def decode(payload: str) -> tuple[str, list[Signal]]:
-    """The sender and the signals of one payload; MalformedPayload if it is not ours."""
+def decode(payload: str, *, unless_from: str | None = None) -> tuple[str, list[Signal]]:
+    """The sender and the signals of one payload; MalformedPayload if it is not ours. A payload from
+    ``unless_from`` gives no signals: every listening process hears its own notifications too, and with
+    N workers decoding them was 1/N of all the decoding, for signals delivered at publish already."""
     header, _, body = payload.partition("\n")
     version, _, sender = header.partition(" ")
     if version != _VERSION or not sender:
         raise MalformedPayload(f"not a wake payload: {payload[:60]!r}")
+    if sender == unless_from:
+        return sender, []
     return sender, list(_signals(body))
 
 

@@ -125,7 +125,7 @@ class ListenNotify:
 
     def _on_notify(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
         try:
-            sender, signals = decode(payload)
+            sender, signals = decode(payload, unless_from=self._sender)
         except MalformedPayload as exc:
             log.warning("ignoring a notification: %s", exc)
             return
