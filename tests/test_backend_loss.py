@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
 
 import asyncpg
 import pytest
@@ -37,20 +36,6 @@ async def _append_until_acknowledged(api: StreamsApi, stream: str, key: str, sta
             return
         await problem(resp, 503, "database_unavailable")  # anything else fails the test here
         assert resp.headers["Retry-After"] == "1"
-
-
-async def _read_all_or_none(api: StreamsApi, stream: str) -> list[dict[str, Any]] | None:
-    """The stream's records, or None while reads answer 503 (a reader retries like a writer)."""
-    records: list[dict[str, Any]] = []
-    while True:
-        resp = await api.read("r", stream, after=records[-1]["sequence"] if records else 0, limit=1000)
-        if resp.status == 503:
-            return None
-        assert resp.status == 200, await resp.text()
-        page = await resp.json()
-        if not page["records"]:
-            return records
-        records += page["records"]
 
 
 async def test_killed_backends_cost_retries_not_errors(
@@ -102,10 +87,46 @@ async def test_killed_backends_cost_retries_not_errors(
     assert kills > 0 and met, "the test killed nothing an append noticed; it proved nothing"
     seen: list[str] = []
     for s in range(STREAMS):
-        # the pool may still hand out a connection killed last: reads answer 503 until it is replaced
-        records = await eventually(lambda s=s: _read_all_or_none(api, f"s{s}"), message="reads stay unavailable")
+        # the pool may still hand out a connection killed last: the read is run again on another
+        records = await api.read_all("r", f"s{s}")
         sequences = [r["sequence"] for r in records]
         assert sequences == list(range(1, len(records) + 1))  # ascending, no gaps
         seen += [r["data"]["key"] for r in records]
     expected = [f"a{n}-{i}" for n in range(APPENDERS) for i in range(APPENDS_EACH)]
     assert sorted(seen) == sorted(expected)  # every acknowledged append exactly once
+
+
+async def test_a_read_that_meets_a_killed_connection_is_run_again(
+    api: StreamsApi, db: asyncpg.Connection, database_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Deterministic: the read is made to wait on a lock, and its backend is killed while it waits.
+    Before, the request that drew a dead pooled connection got a 503."""
+    caplog.set_level(logging.INFO, logger="workflow_streams")
+    assert (await api.create("r", "s")).status == 201
+    assert (await api.append("r", "s", {"n": 1})).status == 201
+
+    async def waiting_reader(other_than: int = 0) -> int:
+        return int(
+            await db.fetchval(
+                "SELECT pid FROM pg_stat_activity WHERE application_name = 'wfs-pool'"
+                " AND wait_event_type = 'Lock' AND pid <> $1",
+                other_than,
+            )
+            or 0
+        )
+
+    holder = await asyncpg.connect(database_url)
+    try:
+        async with holder.transaction():
+            await holder.execute("LOCK TABLE wfs_records IN ACCESS EXCLUSIVE MODE")
+            reading = asyncio.create_task(api.read("r", "s", after=0))
+            first = await eventually(waiting_reader, message="the read never waited on the lock")
+            assert await db.fetchval("SELECT pg_terminate_backend($1)", first)
+            # run again, on another connection, it waits on the lock once more
+            await eventually(lambda: waiting_reader(other_than=first), message="the read was not run again")
+        resp = await reading
+    finally:
+        await holder.close()
+    assert resp.status == 200, await resp.text()
+    assert [r["data"] for r in (await resp.json())["records"]] == [{"n": 1}]
+    assert any("met a lost database connection" in m for m in caplog.messages)

@@ -105,16 +105,32 @@ def from_error(exc: errors.StreamError) -> web.Response:
     return problem(status, exc.code, exc.detail, headers, **exc.extra)
 
 
+# A pooled connection that died while idle (a restarted or failed-over Postgres, a killed backend) is found
+# only when it is used, and every such connection cost the request that drew it a 503. A read meets it
+# before it has answered or changed anything, so it is simply run again, on another connection; writes
+# have their own retries (the group commit's, or the client's with an Idempotency-Key).
+_READ_METHODS = frozenset(("GET", "HEAD"))
+_READ_TRIES = 3
+
+
 @web.middleware
 async def problem_middleware(request: web.Request, handler: Any) -> web.StreamResponse:
-    try:
-        response: web.StreamResponse = await handler(request)
-        return response
-    except Exception as exc:
-        # redirects pass through; a started stream can no longer become a problem response
-        if request.get(STREAMING) or (isinstance(exc, web.HTTPException) and exc.status < 400):
-            raise
-        return problem_for(request, exc)
+    tries = _READ_TRIES if request.method in _READ_METHODS else 1
+    for attempt in range(1, tries + 1):
+        try:
+            response: web.StreamResponse = await handler(request)
+            return response
+        except Exception as exc:
+            # redirects pass through; a started stream can no longer become a problem response
+            if request.get(STREAMING) or (isinstance(exc, web.HTTPException) and exc.status < 400):
+                raise
+            if attempt < tries and isinstance(exc, DB_UNAVAILABLE):
+                log.info(
+                    "%s %s met a lost database connection (%s); running it again", request.method, request.path, exc
+                )
+                continue
+            return problem_for(request, exc)
+    raise AssertionError("unreachable")
 
 
 def problem_for(request: web.Request, exc: Exception) -> web.Response:

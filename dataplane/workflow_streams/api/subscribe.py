@@ -230,12 +230,12 @@ async def _start_event_stream(request: web.Request) -> EventStream:
             "X-Accel-Buffering": "no",
         }
     )
+    request[STREAMING] = True  # from the first byte on, a failure can no longer become a problem (or a retry)
     await response.prepare(request)
     response.writing = request.app[EVENT_STREAMS]
     task = asyncio.current_task()
     if task is not None:
         request.app[OPEN_STREAMS].add(task)
-    request[STREAMING] = True
     await response.send(f"retry: {RECONNECT_MS}\n\n".encode())
     return response
 
