@@ -31,7 +31,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
 
-import uvloop
 from aiohttp import web
 from prometheus_client.multiprocess import mark_process_dead
 
@@ -187,12 +186,6 @@ def _run(settings: Settings, *, reuse_port: bool) -> None:
     tune_gc()
     web.run_app(
         create_app(settings),
-        # uvloop (libuv, by asyncpg's authors) runs the event loop, its transports and callbacks in C. In a
-        # profile of appends at 1,000 streams x 32 connections, asyncio's own Python (the loop turn,
-        # Handle._run, the socket transport's read and write) was ~12 % of the workers' GIL-holding time;
-        # with uvloop, server CPU per append fell 275 -> 260 us there and 179 -> 164 us at x 128 (bench
-        # README, item 14)
-        loop=uvloop.new_event_loop(),
         host=settings.host,
         port=settings.port,
         access_log=None,
