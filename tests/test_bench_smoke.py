@@ -1,11 +1,14 @@
 """The benchmark's load generator (bench/loadgen) against a real server, with tiny numbers: its JSON
 reports parse, agree with what the server stored, and every subscriber saw every record once and
-in order. A functional check of the instrument; no timing is asserted."""
+in order. bench.ab and bench.txn_cpu run once with tiny numbers. Functional checks of the instruments;
+no timing is asserted."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -102,3 +105,33 @@ async def test_sse_subscribers_see_every_record_once_in_order(server: str) -> No
     assert report["duplicates"] == 0 and report["gaps"] == 0 and report["missing"] == 0
     assert report["disconnects"] == {}
     assert report["latency_ms"]["n"] == report["delivered"]
+
+
+def _bench_module(*args: str) -> str:
+    repo = Path(__file__).resolve().parents[1]
+    result = subprocess.run(
+        [sys.executable, "-m", *args], cwd=repo, capture_output=True, text=True, timeout=300, env=_bench_env(repo)
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout
+
+
+def _bench_env(repo: Path) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(repo / "dataplane"), str(repo)])}
+
+
+def test_ab_runs_a_variant_and_reports_medians(tmp_path: Path) -> None:
+    """bench.ab, one tiny round: each variant's server starts from its tree, and every case is reported."""
+    repo = Path(__file__).resolve().parents[1]
+    out = _bench_module(
+        "bench.ab", f"here={repo}", "--cases", "3x2", "--rounds", "1", "--seconds", "1", "--logs", str(tmp_path),
+    )  # fmt: skip
+    lines = out.splitlines()
+    assert any(line.startswith("round 0") and "here 3x2" in line and "errors {}" in line for line in lines), out
+    assert "medians over rounds:" in lines
+    assert (tmp_path / "here.log").exists()
+
+
+def test_txn_cpu_reports_each_batch_size() -> None:
+    out = _bench_module("bench.txn_cpu", "--batches", "1,4", "--transactions", "20")
+    assert [line.split(":")[0] for line in out.splitlines() if line.startswith("batch")] == ["batch    1", "batch    4"]

@@ -1,0 +1,179 @@
+"""A/B rounds of append cases on one Postgres: ``python -m bench.ab LABEL=TREE[=VAR:VALUE,...] ...``.
+
+How every "A/B on one Postgres" figure in bench/README.md was taken. Each variant is a source tree (a
+``git worktree`` at the commit to compare; its ``dataplane`` goes first on ``PYTHONPATH``) and optional
+environment for its server (``W:1`` sets its worker count). Each round starts a fresh
+``workflow-streams serve`` per variant, in an order that rotates between rounds, and drives every case
+with wfs-loadgen; the medians over rounds come last. Short rounds on a shared 2-core machine vary by
+±5-15 %: compare medians of several rounds, and CPU per append beside the rate.
+
+    git worktree add /tmp/before HEAD~1
+    python -m bench.ab before=/tmp/before after=. --cases 1000x32,1000x128 --rounds 3
+
+Per case and round it prints appends/s, p50/p99, the server's and Postgres' CPU per append (user and
+system apart: a change in system time is syscalls or wake-ups, in user time our code) and the
+generator's cores. ``--sse`` runs the 10,000-subscriber connect case instead (connect seconds, CPU,
+and Postgres' transactions during the connect).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+
+from bench import generator
+from bench.harness import PREFIX, TOKEN, Meter, Server, pins, postmaster_pid, process_tree_times, start_postgres
+
+
+@dataclass
+class Variant:
+    label: str
+    tree: Path
+    env: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def parse(cls, text: str) -> Variant:
+        label, _, rest = text.partition("=")
+        tree, _, settings = rest.partition("=")
+        if not label or not tree:
+            raise argparse.ArgumentTypeError(f"expected LABEL=TREE[=VAR:VALUE,...], got {text!r}")
+        env = dict(item.split(":", 1) for item in settings.split(",") if item)
+        return cls(label, Path(tree).resolve(), env)
+
+    def server(self, dsn: str, log_dir: Path, default_workers: int) -> Server:
+        env = {k: v for k, v in self.env.items() if k != "W"}
+        workers = int(self.env.get("W", default_workers))
+        return Server(
+            dsn, log_dir / f"{self.label}.log", workers=workers, PYTHONPATH=str(self.tree / "dataplane"), **env
+        )
+
+
+async def _stats(dsn: str) -> tuple[int, int]:
+    conn = await asyncpg.connect(dsn)
+    try:
+        row = await conn.fetchrow("SELECT sum(xact_commit)::bigint, sum(sessions)::bigint FROM pg_stat_database")
+        return int(row[0]), int(row[1])
+    finally:
+        await conn.close()
+
+
+async def _append_case(server: Server, postgres: int, streams: int, conns: int, seconds: float) -> dict[str, Any]:
+    base = server.url + PREFIX
+    run = f"ab{streams}-{uuid.uuid4().hex[:8]}"
+    await generator.run("create", base, TOKEN, run=run, streams=streams, create=pins())
+    meter = Meter(server, postgres)
+    times: dict[str, tuple[float, ...]] = {}
+
+    def mark(phase: str) -> None:
+        meter.mark(phase)
+        times[phase] = process_tree_times(server.process.pid) + process_tree_times(postgres)
+
+    report = await generator.run(
+        "append", base, TOKEN, on_phase=mark, run=run, streams=streams, conns=conns, warmup="2s", duration=f"{seconds}s"
+    )
+    rate = report["appends_per_s"]
+    appended = rate * meter.between("measuring", "measured")["wall_s"]
+    per_append = [(b - a) / appended * 1e6 for a, b in zip(times["measuring"], times["measured"], strict=True)]
+    return {
+        "rate": rate,
+        "p50": report["latency_ms"]["p50"],
+        "p99": report["latency_ms"]["p99"],
+        "server_user": per_append[0],
+        "server_sys": per_append[1],
+        "postgres_user": per_append[2],
+        "postgres_sys": per_append[3],
+        "generator_cores": report["cpu_share"],
+        "errors": report["errors"],
+    }
+
+
+async def _connect_case(server: Server, dsn: str, postgres: int) -> dict[str, Any]:
+    base = server.url + PREFIX
+    run = f"abs-{uuid.uuid4().hex[:8]}"
+    await generator.run("create", base, TOKEN, run=run, streams=1000, create=pins())
+    meter = Meter(server, postgres)
+    before = await _stats(dsn)
+    report = await generator.run(
+        "sse", base, TOKEN, on_phase=meter.mark, run=run, streams=1000, subscribers=10_000, rate=100, duration="4s"
+    )
+    after = await _stats(dsn)
+    connect = meter.between("connecting", "appending")
+    return {
+        "connect_s": report["connect_seconds"],
+        "server_cpu_s": connect["server_cpu_s"],
+        "postgres_cpu_s": connect["postgres_cpu_s"],
+        "transactions": after[0] - before[0],
+        "p99": report["latency_ms"]["p99"],
+        "duplicates": report["duplicates"],
+        "gaps": report["gaps"],
+        "missing": report["missing"],
+    }
+
+
+def _line(row: dict[str, Any]) -> str:
+    if "connect_s" in row:
+        return (
+            f"connect {row['connect_s']:.2f} s, server {row['server_cpu_s']} CPU s, Postgres {row['postgres_cpu_s']} "
+            f"CPU s, {row['transactions']:,} transactions; p99 {row['p99']:.1f} ms; duplicates {row['duplicates']} "
+            f"gaps {row['gaps']} missing {row['missing']}"
+        )
+    return (
+        f"{row['rate']:8,.0f}/s p50 {row['p50']:.1f} p99 {row['p99']:.1f} ms; per append: server "
+        f"{row['server_user']:.0f}+{row['server_sys']:.0f} us, Postgres {row['postgres_user']:.0f}+"
+        f"{row['postgres_sys']:.0f} us (user+system); generator {row['generator_cores']} cores; errors {row['errors']}"
+    )
+
+
+async def main(args: argparse.Namespace) -> None:
+    variants: list[Variant] = args.variants
+    cases = [tuple(int(n) for n in case.split("x")) for case in args.cases.split(",")]
+    results: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    pg = await start_postgres()
+    try:
+        for round_ in range(args.rounds):
+            shift = round_ % len(variants)
+            for variant in variants[shift:] + variants[:shift]:
+                server = variant.server(pg.dsn, args.logs, args.workers)
+                try:
+                    await server.ready()
+                    if args.sse:
+                        names_rows = [("10,000 subscribers", await _connect_case(server, pg.dsn, postmaster_pid(pg)))]
+                    else:
+                        names_rows = [
+                            (f"{s}x{c}", await _append_case(server, postmaster_pid(pg), s, c, args.seconds))
+                            for s, c in cases
+                        ]
+                finally:
+                    server.stop()
+                for name, row in names_rows:
+                    results.setdefault((name, variant.label), []).append(row)
+                    print(f"round {round_} {variant.label:>10} {name}: {_line(row)}", flush=True)
+    finally:
+        pg.stop()
+    print("\nmedians over rounds:")
+    for (name, label), rows in sorted(results.items()):
+        median = {k: statistics.median(r[k] for r in rows) for k, v in rows[0].items() if isinstance(v, int | float)}
+        print(f"{name} {label:>10}: {_line({**rows[0], **median})}")
+
+
+def cli() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("variants", nargs="+", type=Variant.parse, help="LABEL=TREE[=VAR:VALUE,...]")
+    parser.add_argument("--cases", default="1000x32", help="streams x connections, comma-separated (default 1000x32)")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=8, help="measured seconds per case (after 2 s of warm-up)")
+    parser.add_argument("--workers", type=int, default=2, help="serve --workers N unless a variant sets W")
+    parser.add_argument("--sse", action="store_true", help="the 10,000-subscriber connect case instead of appends")
+    parser.add_argument("--logs", type=Path, default=Path("/tmp"), help="where each variant's server log goes")
+    asyncio.run(main(parser.parse_args()))
+
+
+if __name__ == "__main__":
+    cli()
