@@ -157,6 +157,49 @@ async def test_a_caller_that_goes_away_fails_nobody_else_in_its_batch(
     assert [r["data"] for r in await api.read_all("r", "y")] == ["y"]
 
 
+async def test_after_a_batch_of_several_the_next_waits_for_more_and_a_lone_appender_never_does(
+    api: StreamsApi, database_url: str, db: asyncpg.Connection
+) -> None:
+    """The gather window, made long here so nothing races it. Appends that reach the queue in different
+    turns of the event loop share a transaction (one xmin on their records) only because the commit after
+    a batch of several waited for them; an appender alone is never held by the window."""
+    for stream in "abcdefgh":
+        assert (await api.create("r", stream)).status == 201
+    alice = Principal("alice")
+    pool = await create_pool(database_url, 1, 1)
+    hub = WakeHub(PollOnly(), None, 3600)
+
+    def append(group: GroupCommit, stream: str) -> asyncio.Task[AppendResult]:
+        return asyncio.create_task(group.append(AppendRequest("r", stream, [_record(stream)], alice)))
+
+    async def xmins(*streams: str) -> set[str]:
+        rows = await db.fetch(
+            "SELECT r.xmin::text FROM wfs_records r JOIN wfs_streams s USING (stream_key)"
+            " WHERE s.run_id = 'r' AND s.stream_id = ANY($1::text[])",
+            list(streams),
+        )
+        return {row[0] for row in rows}
+
+    try:
+        lone = GroupCommit(pool, hub, gather_seconds=3600)
+        async with asyncio.timeout(15):  # waiting for the window would take an hour
+            await append(lone, "a")
+            await append(lone, "b")
+
+        busy = GroupCommit(pool, hub, gather_seconds=1.0)
+        async with asyncio.timeout(15):
+            await asyncio.gather(append(busy, "c"), append(busy, "d"))  # one turn, one batch of two
+            assert len(await xmins("c", "d")) == 1
+            e = append(busy, "e")
+            for _ in range(5):
+                await asyncio.sleep(0)  # e's transaction has started and is gathering
+            f = append(busy, "f")
+            await asyncio.gather(e, f)
+        assert len(await xmins("e", "f")) == 1
+    finally:
+        await pool.close()
+
+
 async def test_the_append_statements_never_scan_every_stream(database_url: str, db: asyncpg.Connection) -> None:
     """A generic plan is made once per connection, from the statistics of that moment, and kept. Made
     while the table held two streams, the lock statement's plan walked every stream row (a merge join over
