@@ -59,8 +59,8 @@ class GroupCommit:
     # transaction runs, so every batch is half of what is in flight. Waiting lets them meet: at 1,000
     # streams x 32 connections (two workers) 3,913 -> 4,540 appends/s, server CPU per append 282 -> 233
     # us, Postgres 109 -> 80, and lower latency (p50 8.0 -> 6.7 ms), because CPU is what runs out; x 8
-    # and x 128 gained too (bench README, item 17). 0.3 ms gained less, 1.5 ms less still. A lone
-    # appender (a batch of one before it) never waits.
+    # and x 128 gained too (bench README, item 17). 0.3, 0.8, 1.0 and 1.5 ms all gained less at 1,000
+    # x 32. A lone appender (a batch of one before it) never waits.
     GATHER_SECONDS = 0.0005
 
     def __init__(
