@@ -6,6 +6,10 @@ from ``getrusage``. What a transaction costs whatever it carries (the intercept)
 it adds (the slope) is what decides how much a larger batch saves. Figures depend on how busy the
 machine is: on an idle one each wait for Postgres ends in a cold wake-up, which costs more CPU.
 
+It first prints what one bare round trip to Postgres costs this process (a prepared ``SELECT $1``, and the
+``BEGIN``/``COMMIT`` pair every transaction sends): the part of the intercept that only fewer round trips
+per transaction would save.
+
     python -m bench.txn_cpu --batches 1,8,32 --transactions 1500
 """
 
@@ -62,6 +66,25 @@ async def main(args: argparse.Namespace) -> None:
                 for _ in range(size)
             ]
             await asyncio.gather(*(group.append(r) for r in requests))  # queued in one turn: one batch
+
+        async with append_pool.acquire() as conn:
+
+            async def begin_commit() -> None:
+                async with conn.transaction():
+                    pass
+
+            for label, call in (
+                ("round trip (prepared SELECT $1)", lambda: conn.fetchval("SELECT $1::int", 1)),
+                ("BEGIN + COMMIT (two round trips)", begin_commit),
+            ):
+                for _ in range(args.transactions // 10):
+                    await call()
+                (user0, sys0) = _cpu()
+                for _ in range(args.transactions):
+                    await call()
+                (user1, sys1) = _cpu()
+                n = args.transactions
+                print(f"{label}: {(user1 - user0 + sys1 - sys0) / n * 1e6:.1f} us CPU", flush=True)
 
         for size in args.batches:
             for _ in range(args.transactions // 10):  # warm-up: prepared statements, caches

@@ -135,3 +135,7 @@ def test_ab_runs_a_variant_and_reports_medians(tmp_path: Path) -> None:
 def test_txn_cpu_reports_each_batch_size() -> None:
     out = _bench_module("bench.txn_cpu", "--batches", "1,4", "--transactions", "20")
     assert [line.split(":")[0] for line in out.splitlines() if line.startswith("batch")] == ["batch    1", "batch    4"]
+    assert [line.split(":")[0] for line in out.splitlines() if "CPU" in line and not line.startswith("batch")] == [
+        "round trip (prepared SELECT $1)",
+        "BEGIN + COMMIT (two round trips)",
+    ]
