@@ -150,12 +150,15 @@ async def test_read_requires_read_right(api: StreamsApi) -> None:
 
 async def test_metrics_are_exposed(api: StreamsApi) -> None:
     await api.create("r", "s")
+    appends_before = _append_latency_count(await (await api.client.get("/metrics")).text())
     await api.append("r", "s", 1, 2)
     await api.read("r", "s")
     text = await (await api.client.get("/metrics")).text()
     assert 'wfs_appended_records_total{kind="inline"}' in text
     assert "wfs_read_records_total" in text
     assert 'route="/api/workflow-streams/runs/{run_id}/streams/{stream_id}/records"' in text
+    # append latency is the request histogram's series for the POST of records: one append, one observation
+    assert _append_latency_count(text) == appends_before + 1
     for name in (
         "wfs_subscriptions_open",
         "wfs_credit_waits_total",
@@ -164,6 +167,13 @@ async def test_metrics_are_exposed(api: StreamsApi) -> None:
         "wfs_worker_claims_total",
     ):
         assert name in text
+
+
+def _append_latency_count(text: str) -> float:
+    route = "/api/workflow-streams/runs/{run_id}/streams/{stream_id}/records"
+    prefix = f'wfs_http_request_seconds_count{{method="POST",route="{route}"}} '
+    counts = [float(line.removeprefix(prefix)) for line in text.splitlines() if line.startswith(prefix)]
+    return counts[0] if counts else 0.0
 
 
 async def test_rendered_records_match_the_decoded_form(api: StreamsApi, db: asyncpg.Connection) -> None:

@@ -24,7 +24,6 @@ HTTP_SECONDS = Histogram(
     "wfs_http_request_seconds", "HTTP request latency (subscriptions excluded)", ["route", "method"]
 )
 APPENDED_RECORDS = Counter("wfs_appended_records_total", "Records appended", ["kind"])
-APPEND_SECONDS = Histogram("wfs_append_seconds", "Append latency, credit waits included")
 READ_RECORDS = Counter("wfs_read_records_total", "Records returned by reads")
 # each worker counts its own subscriptions: the replica's total is their sum, over live workers only
 SUBSCRIPTIONS_OPEN = Gauge(

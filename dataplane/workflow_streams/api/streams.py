@@ -111,8 +111,7 @@ async def append(request: web.Request) -> web.Response:
     run_id, stream_id = stream_key(request)
     key = _idempotency_key(request)
     records = parse_append_body(await read_json(request))
-    with metrics.APPEND_SECONDS.time():
-        result = await append_records(app.appends, app.hub, AppendRequest(run_id, stream_id, records, principal, key))
+    result = await append_records(app.appends, app.hub, AppendRequest(run_id, stream_id, records, principal, key))
     headers = {"Idempotent-Replayed": "true"} if result.replayed else None
     return json_response(result.to_json(), status=200 if result.replayed else 201, headers=headers)
 

@@ -226,8 +226,7 @@ async def post(request: web.Request) -> web.Response:
             )
         records = _records(meta.content_type, body, allow_empty=False)
     plan = store.AppendPlan(records, content_type, producer, stream_seq, closing)
-    with metrics.APPEND_SECONDS.time():
-        outcome = await _append(call, meta, plan)
+    outcome = await _append(call, meta, plan)
     return _appended(outcome, producer, wrote=bool(records))
 
 
