@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import random
 import resource
 import time
+from collections.abc import Awaitable, Callable
 
 from bench.harness import pins, start_postgres
 from workflow_streams.domain.authz import Principal
@@ -38,6 +40,18 @@ STREAMS = 1000
 def _cpu() -> tuple[float, float]:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime, usage.ru_stime
+
+
+async def _per_call(call: Callable[[], Awaitable[object]], n: int) -> tuple[float, float, float]:
+    """User and system CPU seconds and wall seconds per call of ``call``, over ``n`` calls after n/10
+    unmeasured ones (prepared statements, caches)."""
+    for _ in range(n // 10):
+        await call()
+    (user0, sys0), wall0 = _cpu(), time.perf_counter()
+    for _ in range(n):
+        await call()
+    (user1, sys1), wall1 = _cpu(), time.perf_counter()
+    return (user1 - user0) / n, (sys1 - sys0) / n, (wall1 - wall0) / n
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -77,28 +91,16 @@ async def main(args: argparse.Namespace) -> None:
                 ("round trip (prepared SELECT $1)", lambda: conn.fetchval("SELECT $1::int", 1)),
                 ("BEGIN + COMMIT (two round trips)", begin_commit),
             ):
-                for _ in range(args.transactions // 10):
-                    await call()
-                (user0, sys0) = _cpu()
-                for _ in range(args.transactions):
-                    await call()
-                (user1, sys1) = _cpu()
-                n = args.transactions
-                print(f"{label}: {(user1 - user0 + sys1 - sys0) / n * 1e6:.1f} us CPU", flush=True)
+                user, system, _ = await _per_call(call, args.transactions)
+                print(f"{label}: {(user + system) * 1e6:.1f} us CPU", flush=True)
 
         for size in args.batches:
-            for _ in range(args.transactions // 10):  # warm-up: prepared statements, caches
-                await transaction(size)
-            (user0, sys0), wall0 = _cpu(), time.perf_counter()
-            for _ in range(args.transactions):
-                await transaction(size)
-            (user1, sys1), wall1 = _cpu(), time.perf_counter()
-            n = args.transactions
-            cpu = (user1 - user0 + sys1 - sys0) / n * 1e6
+            user, system, wall = await _per_call(functools.partial(transaction, size), args.transactions)
+            cpu = (user + system) * 1e6
             print(
-                f"batch {size:4d}: {cpu:7.1f} us CPU per transaction ({(user1 - user0) / n * 1e6:.0f} user, "
-                f"{(sys1 - sys0) / n * 1e6:.0f} system), {cpu / size:6.1f} us per append; "
-                f"wall {(wall1 - wall0) / n * 1e3:.2f} ms per transaction",
+                f"batch {size:4d}: {cpu:7.1f} us CPU per transaction ({user * 1e6:.0f} user, "
+                f"{system * 1e6:.0f} system), {cpu / size:6.1f} us per append; "
+                f"wall {wall * 1e3:.2f} ms per transaction",
                 flush=True,
             )
         await hub.stop()
