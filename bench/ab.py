@@ -11,8 +11,9 @@ with wfs-loadgen; the medians over rounds come last. Short rounds on a shared 2-
     python -m bench.ab before=/tmp/before after=. --cases 1000x32,1000x128 --rounds 3
 
 Per case and round it prints appends/s, p50/p99, the server's and Postgres' CPU per append (user and
-system apart: a change in system time is syscalls or wake-ups, in user time our code) and the
-generator's cores. ``--sse`` runs the 10,000-subscriber connect case instead (connect seconds, CPU,
+system apart: a change in system time is syscalls or wake-ups, in user time our code), the appends
+per group-commit transaction (the server's ``wfs_group_commit_requests``; None for a tree without it)
+and the generator's cores. ``--sse`` runs the 10,000-subscriber connect case instead (connect seconds, CPU,
 and Postgres' transactions during the connect).
 """
 
@@ -29,7 +30,18 @@ from typing import Any
 import asyncpg
 
 from bench import generator
-from bench.harness import PREFIX, TOKEN, Meter, Server, pins, postmaster_pid, process_tree_times, start_postgres
+from bench.harness import (
+    PREFIX,
+    TOKEN,
+    Meter,
+    Server,
+    appends_per_transaction,
+    group_commits,
+    pins,
+    postmaster_pid,
+    process_tree_times,
+    start_postgres,
+)
 
 
 @dataclass
@@ -75,9 +87,11 @@ async def _append_case(server: Server, postgres: int, streams: int, conns: int, 
         meter.mark(phase)
         times[phase] = process_tree_times(server.process.pid) + process_tree_times(postgres)
 
+    commits = await group_commits(server.url)
     report = await generator.run(
         "append", base, TOKEN, on_phase=mark, run=run, streams=streams, conns=conns, warmup="2s", duration=f"{seconds}s"
     )
+    per_transaction = appends_per_transaction(commits, await group_commits(server.url))
     rate = report["appends_per_s"]
     appended = rate * meter.between("measuring", "measured")["wall_s"]
     per_append = [(b - a) / appended * 1e6 for a, b in zip(times["measuring"], times["measured"], strict=True)]
@@ -90,6 +104,7 @@ async def _append_case(server: Server, postgres: int, streams: int, conns: int, 
         "postgres_user": per_append[2],
         "postgres_sys": per_append[3],
         "generator_cores": report["cpu_share"],
+        "appends_per_transaction": per_transaction,
         "errors": report["errors"],
     }
 
@@ -127,7 +142,8 @@ def _line(row: dict[str, Any]) -> str:
     return (
         f"{row['rate']:8,.0f}/s p50 {row['p50']:.1f} p99 {row['p99']:.1f} ms; per append: server "
         f"{row['server_user']:.0f}+{row['server_sys']:.0f} us, Postgres {row['postgres_user']:.0f}+"
-        f"{row['postgres_sys']:.0f} us (user+system); generator {row['generator_cores']} cores; errors {row['errors']}"
+        f"{row['postgres_sys']:.0f} us (user+system); {row['appends_per_transaction']} appends per transaction; "
+        f"generator {row['generator_cores']} cores; errors {row['errors']}"
     )
 
 

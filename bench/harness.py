@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import aiohttp
+
 from workflow_streams.local.process import Process, workflow_streams
 from workflow_streams.localpg import LocalPostgres, find_bindir, free_port
 from workflow_streams.store.migrate import apply_migrations
@@ -233,6 +235,26 @@ def machine_jiffies() -> tuple[int, int]:
     fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
     idle = fields[3] + fields[4]  # idle, iowait
     return sum(fields[:8]) - idle, sum(fields[:8])
+
+
+async def group_commits(server_url: str) -> tuple[float, float]:
+    """(transactions, append requests) the server's group commit has carried so far, from its own
+    ``wfs_group_commit_requests`` histogram (all workers). Taken before and after a case, their
+    differences say how many appends a transaction carried (warm-up included: the server's counts are
+    not split by the generator's phases)."""
+    async with aiohttp.ClientSession() as session, session.get(server_url + "/metrics") as response:
+        text = await response.text()
+    values = {"count": 0.0, "sum": 0.0}
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if name.startswith("wfs_group_commit_requests_") and name.rsplit("_", 1)[1] in values:
+            values[name.rsplit("_", 1)[1]] = float(value)
+    return values["count"], values["sum"]
+
+
+def appends_per_transaction(before: tuple[float, float], after: tuple[float, float]) -> float | None:
+    transactions = after[0] - before[0]
+    return round((after[1] - before[1]) / transactions, 1) if transactions else None
 
 
 @dataclass

@@ -92,8 +92,8 @@ def write_report(results: dict[str, Any], out: Path) -> None:
         "",
         "| case | appends/s | / pgbench -N | / append txn | / with notify | / bare server | p50 ms | p99 ms | max ms "
         "| errors | generator CPU | server CPU | Postgres CPU | server CPU µs / append | all CPU µs / append "
-        "| autovacuum runs |",
-        "| --- " + "| ---: " * 8 + "| --- " + "| ---: " * 6 + "|",
+        "| autovacuum runs | appends / transaction |",
+        "| --- " + "| ---: " * 8 + "| --- " + "| ---: " * 7 + "|",
     ]
     for r in results["appends"]:
         lat = r["latency_ms"]
@@ -101,7 +101,8 @@ def write_report(results: dict[str, Any], out: Path) -> None:
             f"| {r['case']} | {r['appends_per_s']:,} | {r['x_pgbench_simple']} | {r['x_pgbench_append']} | "
             f"{r['x_pgbench_append_notify']} | {r.get('x_bare', '-')} | {_ms(lat, 'p50')} | {_ms(lat, 'p99')} | "
             f"{_ms(lat, 'max')} | {_errors(r['errors'])} | {r['generator_cores']} | {r['server_cores']} | "
-            f"{r['postgres_cores']} | {_per_append(r)} | {_all_per_append(r)} | {r.get('autovacuums', '?')} |"
+            f"{r['postgres_cores']} | {_per_append(r)} | {_all_per_append(r)} | {r.get('autovacuums', '?')} | "
+            f"{r.get('appends_per_transaction') or '-'} |"
         )
     lines += [
         "",

@@ -23,6 +23,8 @@ from bench.harness import (
     TOKEN,
     Meter,
     Server,
+    appends_per_transaction,
+    group_commits,
     listen_overflows,
     pg_tool,
     pins,
@@ -156,6 +158,7 @@ async def appends(server: Server, pg: LocalPostgres, timing: Timing, ceilings: d
             await generator.run("create", base, TOKEN, run=runs[streams], streams=streams, create=pins())
         meter = Meter(server, postmaster_pid(pg))
         vacuums = await autovacuums(pg.dsn)
+        commits = await group_commits(server.url)
         report = await generator.run(
             "append",
             base,
@@ -182,6 +185,7 @@ async def appends(server: Server, pg: LocalPostgres, timing: Timing, ceilings: d
             **meter.between("measuring", "measured"),
             # Postgres' own background work in the case (warm-up included): part of its CPU column
             "autovacuums": await autovacuums(pg.dsn) - vacuums,
+            "appends_per_transaction": appends_per_transaction(commits, await group_commits(server.url)),
             "generator": report,
         }
         out.append(row)
@@ -190,7 +194,8 @@ async def appends(server: Server, pg: LocalPostgres, timing: Timing, ceilings: d
             f"p50 {report['latency_ms']['p50']:.1f} ms p99 {report['latency_ms']['p99']:.1f} ms, "
             f"errors {report['errors'] or 0}; CPU cores: generator {report['cpu_share']}, "
             f"server {row['server_cores']}, postgres {row['postgres_cores']} "
-            f"(autovacuum/analyze runs {row['autovacuums']})",
+            f"(autovacuum/analyze runs {row['autovacuums']}); {row['appends_per_transaction']} appends per "
+            "group-commit transaction",
             flush=True,
         )
     return out

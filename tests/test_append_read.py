@@ -150,7 +150,7 @@ async def test_read_requires_read_right(api: StreamsApi) -> None:
 
 async def test_metrics_are_exposed(api: StreamsApi) -> None:
     await api.create("r", "s")
-    appends_before = _append_latency_count(await (await api.client.get("/metrics")).text())
+    before = await (await api.client.get("/metrics")).text()
     await api.append("r", "s", 1, 2)
     await api.read("r", "s")
     text = await (await api.client.get("/metrics")).text()
@@ -158,7 +158,10 @@ async def test_metrics_are_exposed(api: StreamsApi) -> None:
     assert "wfs_read_records_total" in text
     assert 'route="/api/workflow-streams/runs/{run_id}/streams/{stream_id}/records"' in text
     # append latency is the request histogram's series for the POST of records: one append, one observation
-    assert _append_latency_count(text) == appends_before + 1
+    assert _append_latency_count(text) == _append_latency_count(before) + 1
+    # a lone append is a group-commit transaction of one request
+    for series in ("wfs_group_commit_requests_count", "wfs_group_commit_requests_sum"):
+        assert _sample(text, series) == _sample(before, series) + 1
     for name in (
         "wfs_subscriptions_open",
         "wfs_credit_waits_total",
@@ -171,9 +174,14 @@ async def test_metrics_are_exposed(api: StreamsApi) -> None:
 
 def _append_latency_count(text: str) -> float:
     route = "/api/workflow-streams/runs/{run_id}/streams/{stream_id}/records"
-    prefix = f'wfs_http_request_seconds_count{{method="POST",route="{route}"}} '
-    counts = [float(line.removeprefix(prefix)) for line in text.splitlines() if line.startswith(prefix)]
-    return counts[0] if counts else 0.0
+    return _sample(text, f'wfs_http_request_seconds_count{{method="POST",route="{route}"}}')
+
+
+def _sample(text: str, series: str) -> float:
+    """The value of one series (name and labels as exposed) in a scrape; 0 before its first write."""
+    prefix = series + " "
+    values = [float(line.removeprefix(prefix)) for line in text.splitlines() if line.startswith(prefix)]
+    return values[0] if values else 0.0
 
 
 async def test_rendered_records_match_the_decoded_form(api: StreamsApi, db: asyncpg.Connection) -> None:

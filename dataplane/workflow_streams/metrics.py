@@ -24,6 +24,13 @@ HTTP_SECONDS = Histogram(
     "wfs_http_request_seconds", "HTTP request latency (subscriptions excluded)", ["route", "method"]
 )
 APPENDED_RECORDS = Counter("wfs_appended_records_total", "Records appended", ["kind"])
+# One observation per group-commit transaction: its _count is transactions, its _sum the append requests
+# they carried, so their ratio says how well concurrent appends share a commit (bench prints it per case).
+GROUP_COMMIT_REQUESTS = Histogram(
+    "wfs_group_commit_requests",
+    "Append requests per group-commit transaction",
+    buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512),
+)
 READ_RECORDS = Counter("wfs_read_records_total", "Records returned by reads")
 # each worker counts its own subscriptions: the replica's total is their sum, over live workers only
 SUBSCRIPTIONS_OPEN = Gauge(

@@ -179,6 +179,7 @@ def _fail(waiters: list[_Waiter], exc: BaseException) -> None:
 
 
 def _account(batch: Batch) -> None:
+    metrics.GROUP_COMMIT_REQUESTS.observe(len(batch.outcomes))
     for kind, count in batch.records_by_kind.items():
         metrics.APPENDED_RECORDS.labels(kind).inc(count)
     for outcome in batch.outcomes:
