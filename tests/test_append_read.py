@@ -223,3 +223,37 @@ async def test_a_record_row_does_not_store_what_its_stream_already_says(
     ]
     read = await api.read_all("r", "s")
     assert [r["content_type"] for r in read] == ["application/json", "text/plain; charset=utf-8", "application/json"]
+
+
+async def test_pages_of_many_streams_in_one_statement_are_the_single_reads(
+    api: StreamsApi, db: asyncpg.Connection
+) -> None:
+    """``fetch_pages`` (a burst's batched reads) answers each key as ``fetch_page`` does, errors too."""
+    from workflow_streams.domain.errors import StreamError
+    from workflow_streams.store.reads import fetch_page, fetch_pages
+
+    await api.create("r", "a")
+    await api.create("r", "b")
+    await api.append("r", "a", 1, 2, 3)
+    await api.append("r", "b", 4)
+    keys = [
+        ("r", "a", 0, 2),  # a page cut by its limit
+        ("r", "b", 0, 10),
+        ("r", "a", 1, 10),  # the same stream again, at another cursor
+        ("r", "missing", 0, 10),  # no such stream: 404
+        ("r", "b", 5, 10),  # a cursor past the latest: 400
+        ("r", "b", 1, 10),  # caught up: no records
+    ]
+    pages = await fetch_pages(db, keys)
+    assert len(pages) == len(keys)
+    for key, page in zip(keys, pages, strict=True):
+        try:
+            single = await fetch_page(db, *key)
+        except StreamError as exc:
+            assert isinstance(page, type(exc)), key
+            assert (page.detail, page.extra) == (exc.detail, exc.extra), key
+        else:
+            assert page == single, key
+    assert [r.sequence for r in pages[0].records] == [1, 2]  # type: ignore[union-attr]
+    assert [r.sequence for r in pages[2].records] == [2, 3]  # type: ignore[union-attr]
+    assert pages[5].records == []  # type: ignore[union-attr]

@@ -1,7 +1,8 @@
 """Shared reads for subscribers: one query and one encoding per wake, whatever the audience.
 
-Subscribers of one stream woken together at the same cursor share one read (single flight), and the
-page's SSE bytes are encoded once, on first use, and written to every subscriber as they are.
+Subscribers of one stream woken together at the same cursor share one read (single flight), reads of
+many streams go to Postgres together in one statement, and the page's SSE bytes are encoded once, on
+first use, and written to every subscriber as they are.
 
 A subscriber joins an in-flight read only if that read started after the wake it is answering: a read
 that began before a commit was announced may not contain it, and a subscriber handed such a read would
@@ -18,7 +19,7 @@ import functools
 import asyncpg
 
 from .. import wire
-from ..store.reads import Page, fetch_page
+from ..store.reads import Page, PageKey, fetch_pages
 from .wakes import WakeHub
 
 
@@ -60,37 +61,89 @@ class _Flight:
 
 
 class SharedReads:
-    def __init__(self, pool: asyncpg.Pool, hub: WakeHub) -> None:
+    """Page reads for subscribers, shared per key and batched across streams.
+
+    A read of a key (stream, cursor, limit) already queued or in flight is joined if it started at or
+    after the caller's wake; otherwise the key queues. While fewer than ``max_inflight`` reads run, the
+    next takes every queued key (up to ``max_batch``) and reads them all in one statement
+    (``store.reads.fetch_pages``), as the group commit writes many streams in one transaction: a burst
+    of subscribers over 1,000 streams, or a wake of many streams' fan-outs, is a few round trips, not
+    one per stream. A read is taken by its task when that task first runs, so the keys queued in the
+    same turn of the event loop go together.
+    """
+
+    # Statements in flight at once: one, as for the group commit, so that a burst's keys queue while a
+    # statement runs and go in the next together. With more, uvloop's evenly served burst sent most keys
+    # alone (10,000 subscribers over 1,000 streams connected in 3.01 s with four, 2.56 s with two, 2.18 s
+    # with one; bench README, item 18). The price: a batch of long catch-up pages delays the live reads
+    # queued behind it, which is why a batch is bounded (MAX_BATCH).
+    MAX_INFLIGHT = 1
+    # Keys per statement: each brings up to a page of records, so a batch is bounded in rows too.
+    MAX_BATCH = 64
+
+    def __init__(
+        self, pool: asyncpg.Pool, hub: WakeHub, *, max_inflight: int = MAX_INFLIGHT, max_batch: int = MAX_BATCH
+    ) -> None:
         self._pool = pool
         self._hub = hub
-        self._inflight: dict[tuple[str, str, int, int], _Flight] = {}
+        self._max_inflight = max_inflight
+        self._max_batch = max_batch
+        self._flights: dict[PageKey, _Flight] = {}  # the newest read of each key, queued or running
+        self._queue: list[tuple[PageKey, _Flight]] = []
+        self._running: set[asyncio.Task[None]] = set()
+        self._gathering = False  # a read task has been started and has not taken its keys yet
 
     async def page(self, run_id: str, stream_id: str, after: int, limit: int, woken_at: int) -> SharedPage:
         """Records after ``after``, from a read that started no earlier than wake generation ``woken_at``."""
         key = (run_id, stream_id, after, limit)
-        flight = self._inflight.get(key)
-        if flight is not None and flight.generation >= woken_at:
-            try:
-                return await asyncio.shield(flight.future)
-            except asyncio.CancelledError:
-                if not flight.future.cancelled():
-                    raise  # we were cancelled ourselves
-                # the reader we joined was cancelled: read for ourselves
-        future: asyncio.Future[SharedPage] = asyncio.get_running_loop().create_future()
-        flight = _Flight(self._hub.clock, future)
-        self._inflight[key] = flight  # newer than any flight it replaces: later joiners take this one
+        flight = self._flights.get(key)
+        if flight is None or flight.generation < woken_at:
+            # The generation is taken now, before the statement is sent: the read sees at least every
+            # commit announced by then. Newer than any flight it replaces, so later joiners take it.
+            flight = _Flight(self._hub.clock, asyncio.get_running_loop().create_future())
+            self._flights[key] = flight
+            self._queue.append((key, flight))
+            self._start_reads()
+        # the read is the batch task's: a caller that goes away cancels only its own wait
+        return await asyncio.shield(flight.future)
+
+    def _start_reads(self) -> None:
+        if self._queue and not self._gathering and len(self._running) < self._max_inflight:
+            self._gathering = True
+            task = asyncio.create_task(self._read_queued(), name="wfs-shared-reads")
+            self._running.add(task)
+            task.add_done_callback(self._finished)
+
+    def _finished(self, task: asyncio.Task[None]) -> None:
+        self._running.discard(task)
+        self._start_reads()
+
+    async def _read_queued(self) -> None:
+        self._gathering = False
+        batch = self._queue[: self._max_batch]
+        del self._queue[: self._max_batch]
+        self._start_reads()  # what did not fit, if another read may start
         try:
             async with self._pool.acquire() as conn:
-                shared = SharedPage(await fetch_page(conn, run_id, stream_id, after, limit))
-            future.set_result(shared)
-            return shared
-        except asyncio.CancelledError:
-            future.cancel()  # joiners see it and read for themselves; never left pending
-            raise
-        except BaseException as exc:
-            future.set_exception(exc)
-            future.exception()  # retrieved here: others may or may not be waiting
-            raise
-        finally:
-            if self._inflight.get(key) is flight:
-                del self._inflight[key]
+                outcomes = await fetch_pages(conn, [key for key, _ in batch])
+        except BaseException as exc:  # the statement failed: every reader of the batch learns why
+            for key, flight in batch:
+                self._settle(key, flight, exc)
+            if not isinstance(exc, Exception):
+                raise
+            return
+        for (key, flight), outcome in zip(batch, outcomes, strict=True):
+            self._settle(key, flight, SharedPage(outcome) if isinstance(outcome, Page) else outcome)
+
+    def _settle(self, key: PageKey, flight: _Flight, outcome: SharedPage | BaseException) -> None:
+        if self._flights.get(key) is flight:
+            del self._flights[key]
+        if flight.future.done():
+            return
+        if isinstance(outcome, SharedPage):
+            flight.future.set_result(outcome)
+        elif isinstance(outcome, asyncio.CancelledError):
+            flight.future.cancel()
+        else:
+            flight.future.set_exception(outcome)
+            flight.future.exception()  # retrieved here: its readers may all have gone

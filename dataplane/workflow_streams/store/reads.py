@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -11,6 +11,7 @@ import asyncpg
 from ..domain import authz
 from ..domain.authz import Action, Caller, Principal
 from ..domain.cursor import Bounds, check_cursor
+from ..domain.errors import StreamError
 from ..domain.pins import StreamPins
 from ..domain.placement import check_egress
 from ..domain.records import DEFAULT_CONTENT_TYPE, StoredRecord
@@ -75,6 +76,35 @@ FROM s, LATERAL (
 """
 
 
+# The same page for many streams in one statement: each key's stream row and its records, tagged with
+# the key's position (``i``, last so that ``stored_record`` still takes the record columns first). A burst
+# of subscribers over many streams, or one wake of many streams' fan-outs, reads in one round trip
+# (``runtime.reads.SharedReads`` batches them). Per key it is ``_PAGE``'s statement: the stream by its
+# names, its records by its surrogate key after the cursor, each a lookup per array element. A key whose
+# stream does not exist has no rows. (The single-stream statement stays: its plan is cached per
+# connection, where array parameters make Postgres plan this one for each call, which a page read for
+# one caller need not pay.)
+_PAGES = f"""
+WITH s AS (
+    SELECT k.i, k.after, k.page_limit, w.*
+    FROM unnest($1::text[], $2::text[], $3::bigint[], $4::int[]) WITH ORDINALITY
+         AS k(run_id, stream_id, after, page_limit, i)
+    CROSS JOIN LATERAL (
+        SELECT stream_key, {streams.COLUMNS} FROM wfs_streams WHERE run_id = k.run_id AND stream_id = k.stream_id
+    ) w
+)
+SELECT {RECORD_NULLS}, 0 AS part, {streams.COLUMNS}, s.i FROM s
+UNION ALL
+SELECT p.*, 1, {STREAM_NULLS}, s.i
+FROM s, LATERAL (
+    SELECT {RECORD_COLUMNS} FROM wfs_records r
+    WHERE r.stream_key = s.stream_key AND r.sequence > s.after ORDER BY r.sequence LIMIT s.page_limit
+) p
+"""
+
+PageKey = tuple[str, str, int, int]  # run_id, stream_id, after, limit
+
+
 def authorize(pins: StreamPins, caller: Caller, right: Action, client_region: str | None) -> None:
     """What every read checks, before anything else is decided: the caller's right, then its region
     against the egress pins (``fetch_page``, and a subscription joining a page read for others)."""
@@ -100,6 +130,29 @@ async def fetch_page(
     authorized this stream earlier in the same request (a subscription's later, shared pages).
     Bounds and records come from one snapshot: a concurrent prune can never become a silent gap."""
     rows = await conn.fetch(_PAGE, run_id, stream_id, after, limit)
+    return _page(rows, after, caller, right, client_region)
+
+
+async def fetch_pages(conn: asyncpg.Connection, keys: Sequence[PageKey]) -> list[Page | StreamError]:
+    """``fetch_page`` (``caller=None``) for each key, in one statement: per key its page, or the error
+    ``fetch_page`` would have raised for it (no such stream, a cursor past the latest or pruned)."""
+    rows = await conn.fetch(_PAGES, *(list(column) for column in zip(*keys, strict=True)))
+    by_key: list[list[asyncpg.Record]] = [[] for _ in keys]
+    for row in rows:
+        by_key[row["i"] - 1].append(row)
+    out: list[Page | StreamError] = []
+    for (_, _, after, _), key_rows in zip(keys, by_key, strict=True):
+        try:
+            out.append(_page(key_rows, after, None, "read", None))
+        except StreamError as exc:
+            out.append(exc)
+    return out
+
+
+def _page(
+    rows: Sequence[asyncpg.Record], after: int, caller: Caller | None, right: Action, client_region: str | None
+) -> Page:
+    """A page from the rows of one stream (``_PAGE``'s, or one key's of ``_PAGES``)."""
     # the stream's row comes first (Postgres appends the branches in order; found by ``part`` anyway)
     head = next((row for row in rows if row["part"] == 0), None)
     stream = streams.checked(head, None)
