@@ -244,12 +244,12 @@ async def group_commits(server_url: str) -> tuple[float, float]:
     not split by the generator's phases)."""
     async with aiohttp.ClientSession() as session, session.get(server_url + "/metrics") as response:
         text = await response.text()
-    values = {"count": 0.0, "sum": 0.0}
+    values = {"wfs_group_commit_requests_count": 0.0, "wfs_group_commit_requests_sum": 0.0}
     for line in text.splitlines():
         name, _, value = line.partition(" ")
-        if name.startswith("wfs_group_commit_requests_") and name.rsplit("_", 1)[1] in values:
-            values[name.rsplit("_", 1)[1]] = float(value)
-    return values["count"], values["sum"]
+        if name in values:
+            values[name] = float(value)
+    return values["wfs_group_commit_requests_count"], values["wfs_group_commit_requests_sum"]
 
 
 def appends_per_transaction(before: tuple[float, float], after: tuple[float, float]) -> float | None:

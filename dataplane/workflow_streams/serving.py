@@ -191,7 +191,7 @@ def _run(settings: Settings, *, reuse_port: bool) -> None:
         # 1,000 streams x 32 connections 4,832 -> 5,224 appends/s, x 128 7,233 -> 7,725/s. It was reverted
         # once because it doubled the cost of connecting 10,000 subscribers (their first reads stopped
         # sharing statements); reads of many streams are now batched (runtime.reads), and the connect
-        # takes 2.2 s with it (bench README, items 15 and 18)
+        # takes 1.9-2.2 s with it in A/B, 2.85 s in the full run (bench README, items 15 and 18)
         loop=uvloop.new_event_loop(),
         host=settings.host,
         port=settings.port,

@@ -1,10 +1,11 @@
 """Group commit across streams: concurrent appends in a process share transactions.
 
-Appends to any streams queue here. While fewer than ``max_inflight`` transactions are running, the next
-one takes everything queued (up to ``max_batch`` requests) and ``store.appends.append_batch`` decides
-each request on its own under the stream row locks. A quiet process therefore commits each append at
-once, and a busy one pays a transaction, its row locks and its WAL flush once per batch instead of once
-per request: with 1,000 streams that is the difference between 1,000 transactions and a handful.
+Appends to any streams queue here (``runtime.batches``). While fewer than ``max_inflight`` transactions
+are running, the next one takes everything queued (up to ``max_batch`` requests) and
+``store.appends.append_batch`` decides each request on its own under the stream row locks. A quiet
+process therefore commits each append at once, and a busy one pays a transaction, its row locks and its
+WAL flush once per batch instead of once per request: with 1,000 streams that is the difference between
+1,000 transactions and a handful.
 
 After COMMIT returns, the batch's wake signals are published (this process's subscribers wake at once;
 other processes hear through the wake source). Nothing is announced before it is durable.
@@ -24,6 +25,7 @@ from ..domain.errors import Backpressure, BatchExceedsCredit, QuotaExhausted, St
 from ..payloadlog import log_payload
 from ..store.appends import AppendRequest, AppendResult, Batch, append_batch
 from ..store.db import DB_UNAVAILABLE
+from .batches import Batches
 from .wakes import ACKS, WakeHub
 
 log = logging.getLogger(__name__)
@@ -75,49 +77,32 @@ class GroupCommit:
         self._pool = pool
         self._hub = hub
         self._max_batch = max_batch
-        self._max_inflight = max_inflight
         self._gather_seconds = gather_seconds
-        self._queue: list[_Waiter] = []
-        self._inflight: set[asyncio.Task[None]] = set()
-        self._gathering = False  # a commit task has been started and has not taken its batch yet
         self._last_batch = 0  # requests in the batch taken last
+        self._batches: Batches[_Waiter] = Batches(
+            self._commit_batch,
+            max_batch=max_batch,
+            max_inflight=max_inflight,
+            name="wfs-group-commit",
+            hold=self._gather,
+        )
 
     async def append(self, request: AppendRequest) -> AppendResult:
         """One attempt: the request's result, or the error that refused it."""
         future: asyncio.Future[AppendResult] = asyncio.get_running_loop().create_future()
-        self._queue.append((request, future))
-        self._start_commits()
+        self._batches.add((request, future))
         # A caller that goes away cancels only its own future: the commit is a task of its own, and
         # it skips the outcomes nobody awaits any more. (No shield: it cost a future per append.)
         return await future
 
-    def _start_commits(self) -> None:
-        # A task takes its batch when it first runs, so one that has not run yet takes everything queued
-        # by then: the next starts only after it has (else a free slot would start a task that finds
-        # the queue already taken).
-        if self._queue and not self._gathering and len(self._inflight) < self._max_inflight:
-            self._gathering = True
-            task = asyncio.create_task(self._commit_queued(), name="wfs-group-commit")
-            self._inflight.add(task)
-            task.add_done_callback(self._committed)
-
-    async def _commit_queued(self) -> None:
-        # The batch is taken when the task first runs, not when it is created: the requests whose
-        # handlers run in the same turn of the event loop as the first one join it (at 1,000 streams x
-        # 32 connections, 0.69 -> 0.56 transactions per append). After a batch of several, it first
-        # waits for more (GATHER_SECONDS).
-        if self._last_batch > 1 and len(self._queue) < self._max_batch and self._gather_seconds > 0:
+    async def _gather(self, queued: int) -> None:
+        # after a batch of several, a transaction first waits for more (GATHER_SECONDS)
+        if self._last_batch > 1 and queued < self._max_batch and self._gather_seconds > 0:
             await asyncio.sleep(self._gather_seconds)
-        self._gathering = False
-        batch = self._queue[: self._max_batch]
-        del self._queue[: self._max_batch]
-        self._last_batch = len(batch)
-        self._start_commits()  # what did not fit in this batch, if another transaction may start
-        await self._commit(batch)
 
-    def _committed(self, task: asyncio.Task[None]) -> None:
-        self._inflight.discard(task)
-        self._start_commits()
+    async def _commit_batch(self, waiters: list[_Waiter]) -> None:
+        self._last_batch = len(waiters)
+        await self._commit(waiters)
 
     async def _commit(self, waiters: list[_Waiter]) -> None:
         requests = [request for request, _ in waiters]

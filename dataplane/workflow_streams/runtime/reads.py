@@ -20,6 +20,7 @@ import asyncpg
 
 from .. import wire
 from ..store.reads import Page, PageKey, fetch_pages
+from .batches import Batches
 from .wakes import WakeHub
 
 
@@ -68,8 +69,8 @@ class SharedReads:
     next takes every queued key (up to ``max_batch``) and reads them all in one statement
     (``store.reads.fetch_pages``), as the group commit writes many streams in one transaction: a burst
     of subscribers over 1,000 streams, or a wake of many streams' fan-outs, is a few round trips, not
-    one per stream. A read is taken by its task when that task first runs, so the keys queued in the
-    same turn of the event loop go together.
+    one per stream. The batching is the group commit's (``runtime.batches``): the keys queued in the
+    same turn of the event loop, or while the statement before ran, go together.
     """
 
     # Statements in flight at once: one, as for the group commit, so that a burst's keys queue while a
@@ -86,12 +87,10 @@ class SharedReads:
     ) -> None:
         self._pool = pool
         self._hub = hub
-        self._max_inflight = max_inflight
-        self._max_batch = max_batch
         self._flights: dict[PageKey, _Flight] = {}  # the newest read of each key, queued or running
-        self._queue: list[tuple[PageKey, _Flight]] = []
-        self._running: set[asyncio.Task[None]] = set()
-        self._gathering = False  # a read task has been started and has not taken its keys yet
+        self._batches: Batches[tuple[PageKey, _Flight]] = Batches(
+            self._read, max_batch=max_batch, max_inflight=max_inflight, name="wfs-shared-reads"
+        )
 
     async def page(self, run_id: str, stream_id: str, after: int, limit: int, woken_at: int) -> SharedPage:
         """Records after ``after``, from a read that started no earlier than wake generation ``woken_at``."""
@@ -102,27 +101,11 @@ class SharedReads:
             # commit announced by then. Newer than any flight it replaces, so later joiners take it.
             flight = _Flight(self._hub.clock, asyncio.get_running_loop().create_future())
             self._flights[key] = flight
-            self._queue.append((key, flight))
-            self._start_reads()
+            self._batches.add((key, flight))
         # the read is the batch task's: a caller that goes away cancels only its own wait
         return await asyncio.shield(flight.future)
 
-    def _start_reads(self) -> None:
-        if self._queue and not self._gathering and len(self._running) < self._max_inflight:
-            self._gathering = True
-            task = asyncio.create_task(self._read_queued(), name="wfs-shared-reads")
-            self._running.add(task)
-            task.add_done_callback(self._finished)
-
-    def _finished(self, task: asyncio.Task[None]) -> None:
-        self._running.discard(task)
-        self._start_reads()
-
-    async def _read_queued(self) -> None:
-        self._gathering = False
-        batch = self._queue[: self._max_batch]
-        del self._queue[: self._max_batch]
-        self._start_reads()  # what did not fit, if another read may start
+    async def _read(self, batch: list[tuple[PageKey, _Flight]]) -> None:
         try:
             async with self._pool.acquire() as conn:
                 outcomes = await fetch_pages(conn, [key for key, _ in batch])
