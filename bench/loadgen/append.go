@@ -32,18 +32,17 @@ func runAppend(args []string) error {
 	if err := t.parse(*base); err != nil {
 		return err
 	}
-	client, err := loop.open(&t)
-	if err != nil {
+	if err := loop.open(&t); err != nil {
 		return err
 	}
 	body := appendBody(*size)
 	urls := make([]string, t.streams)
 	for i := range urls {
-		urls[i] = t.recordsURL(i)
+		urls[i] = t.recordsPath(i)
 	}
 
-	r := closedLoop(*loop.conns, *loop.warmup, *loop.duration, 201, func(rng *rand.Rand) (int, int64, error) {
-		status, _, err := t.post(client, urls[rng.Intn(len(urls))], body)
+	r := closedLoop(&t, *loop.conns, *loop.warmup, *loop.duration, 201, func(c *conn, rng *rand.Rand) (int, int64, error) {
+		status, _, err := c.do("POST", urls[rng.Intn(len(urls))], body)
 		return status, 0, err
 	})
 	out := appendReport{

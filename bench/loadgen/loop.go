@@ -4,7 +4,6 @@ import (
 	"flag"
 	"fmt"
 	"math/rand"
-	"net/http"
 	"sync"
 	"time"
 )
@@ -23,14 +22,13 @@ func addLoopFlags(fs *flag.FlagSet, conns int) loopFlags {
 	}
 }
 
-// open checks the loop's flags, opens a client with one connection per loop and creates the
-// target's streams when -create asks for it: what every closed-loop mode does before it runs.
-func (f loopFlags) open(t *target) (*http.Client, error) {
+// open checks the loop's flags and creates the target's streams when -create asks for it: what
+// every closed-loop mode does before it runs. The loops themselves talk over their own conns.
+func (f loopFlags) open(t *target) error {
 	if *f.conns < 1 {
-		return nil, fmt.Errorf("-conns must be at least 1")
+		return fmt.Errorf("-conns must be at least 1")
 	}
-	client := newClient(*f.conns)
-	return client, t.create(client)
+	return t.create(newClient(16))
 }
 
 // loopReport is the part of a closed-loop mode's JSON report every mode has.
@@ -70,13 +68,14 @@ type loopResult struct {
 	CPUSeconds float64 // the generator's own CPU over the window
 }
 
-// closedLoop runs conns loops, each one request in flight at a time, for warmup+duration. request
-// makes one request with the loop's own random source and returns the status, the bytes it read and
-// any error; a status of ok counts. Only requests that start after the warm-up are counted. The
+// closedLoop runs conns loops, each one request in flight at a time on its own keep-alive
+// connection to t, for warmup+duration. request makes one request on the loop's connection with the
+// loop's own random source and returns the status, the bytes it read and any error; a status of ok
+// counts. Only requests that start after the warm-up are counted. The
 // "phase: warming/measuring/measured" lines on stderr let the caller sample the server over exactly
 // the window.
-func closedLoop(conns int, warmup, duration time.Duration, ok int,
-	request func(rng *rand.Rand) (int, int64, error)) loopResult {
+func closedLoop(t *target, conns int, warmup, duration time.Duration, ok int,
+	request func(c *conn, rng *rand.Rand) (int, int64, error)) loopResult {
 	type result struct {
 		ok        int
 		bytes     int64
@@ -104,13 +103,14 @@ func closedLoop(conns int, warmup, duration time.Duration, ok int,
 		go func(r *result, seed int64) {
 			defer wg.Done()
 			rng := rand.New(rand.NewSource(seed))
+			c := t.dial()
 			r.errors = map[string]int{}
 			for {
 				began := time.Now()
 				if !began.Before(until) {
 					return
 				}
-				status, n, err := request(rng)
+				status, n, err := request(c, rng)
 				took := time.Since(began)
 				counted := !began.Before(from)
 				if err == nil && status == ok {

@@ -47,7 +47,12 @@ func (t *target) parse(base string) error {
 func (t *target) stream(i int) string { return fmt.Sprintf("%s%d", t.prefix, i) }
 
 func (t *target) recordsURL(i int) string {
-	return fmt.Sprintf("%s/runs/%s/streams/%s/records", t.base, t.run, t.stream(i))
+	return t.base.Scheme + "://" + t.base.Host + t.recordsPath(i)
+}
+
+// recordsPath is the path of stream i's records, for a request line.
+func (t *target) recordsPath(i int) string {
+	return fmt.Sprintf("%s/runs/%s/streams/%s/records", t.base.Path, t.run, t.stream(i))
 }
 
 func (t *target) post(client *http.Client, url string, body []byte) (int, []byte, error) {
