@@ -137,12 +137,16 @@ async def test_a_caller_that_goes_away_fails_nobody_else_in_its_batch(
     pool = await create_pool(database_url, 1, 1)
     hub = WakeHub(PollOnly(), None, 3600)
     group = GroupCommit(pool, hub)
+    async with pool.acquire() as conn:  # the pool's one connection: the group commit's backend
+        committer = conn.get_server_pid()
     try:
         async with db.transaction():
             await db.execute("SELECT 1 FROM wfs_streams WHERE stream_id = 'held' FOR UPDATE")
             first = asyncio.create_task(group.append(AppendRequest("r", "held", [_record("h")], alice)))
             # the held append is in flight (waiting for the lock), so the next three queue behind it
-            await eventually(lambda: _lock_waiters(db), message="the held append never waited for the row lock")
+            await eventually(
+                lambda: _blocked_by(db, committer), message="the held append never waited for the row lock"
+            )
             waiting = {s: asyncio.create_task(group.append(AppendRequest("r", s, [_record(s)], alice))) for s in "xyz"}
             await asyncio.sleep(0)  # each has queued its request
             waiting["y"].cancel()
@@ -240,12 +244,10 @@ async def test_the_append_statements_never_scan_every_stream(database_url: str, 
         assert unbounded_scans(plan) == [], plan
 
 
-async def _lock_waiters(db: asyncpg.Connection) -> bool:
-    return bool(
-        await db.fetchval(
-            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%FOR UPDATE%'"
-        )
-    )
+async def _blocked_by(db: asyncpg.Connection, pid: int) -> bool:
+    """Whether backend ``pid`` waits for a lock that ``db``'s backend holds (not any waiter in the
+    cluster: another test's leftover backend must not pass for ours)."""
+    return bool(await db.fetchval("SELECT pg_backend_pid() = ANY(pg_blocking_pids($1))", pid))
 
 
 @pytest.mark.slow
