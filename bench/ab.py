@@ -14,7 +14,8 @@ Per case and round it prints appends/s, p50/p99, the server's and Postgres' CPU 
 system apart: a change in system time is syscalls or wake-ups, in user time our code), the appends
 per group-commit transaction (the server's ``wfs_group_commit_requests``; None for a tree without it)
 and the generator's cores. ``--sse`` runs the 10,000-subscriber connect case instead (connect seconds, CPU,
-and Postgres' transactions during the connect).
+and Postgres' transactions during the connect), after the append cases ``--cases`` names, on the same
+server (the full run's order), when it names any.
 """
 
 from __future__ import annotations
@@ -149,7 +150,10 @@ def _line(row: dict[str, Any]) -> str:
 
 async def main(args: argparse.Namespace) -> None:
     variants: list[Variant] = args.variants
-    cases = [tuple(int(n) for n in case.split("x")) for case in args.cases.split(",")]
+    # with --sse, append cases run only when named, first, on the same server: the connect as the full
+    # run measures it, after the server has taken appends
+    named = args.cases or ("" if args.sse else "1000x32")
+    cases = [tuple(int(n) for n in case.split("x")) for case in named.split(",") if case]
     results: dict[tuple[str, str], list[dict[str, Any]]] = {}
     pg = await start_postgres()
     try:
@@ -159,13 +163,14 @@ async def main(args: argparse.Namespace) -> None:
                 server = variant.server(pg.dsn, args.logs, args.workers)
                 try:
                     await server.ready()
+                    names_rows = [
+                        (f"{s}x{c}", await _append_case(server, postmaster_pid(pg), s, c, args.seconds))
+                        for s, c in cases
+                    ]
                     if args.sse:
-                        names_rows = [("10,000 subscribers", await _connect_case(server, pg.dsn, postmaster_pid(pg)))]
-                    else:
-                        names_rows = [
-                            (f"{s}x{c}", await _append_case(server, postmaster_pid(pg), s, c, args.seconds))
-                            for s, c in cases
-                        ]
+                        names_rows.append(
+                            ("10,000 subscribers", await _connect_case(server, pg.dsn, postmaster_pid(pg)))
+                        )
                 finally:
                     server.stop()
                 for name, row in names_rows:
@@ -182,7 +187,10 @@ async def main(args: argparse.Namespace) -> None:
 def cli() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("variants", nargs="+", type=Variant.parse, help="LABEL=TREE[=VAR:VALUE,...]")
-    parser.add_argument("--cases", default="1000x32", help="streams x connections, comma-separated (default 1000x32)")
+    parser.add_argument(
+        "--cases",
+        help="streams x connections, comma-separated (default 1000x32; with --sse none, else these first)",
+    )
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=8, help="measured seconds per case (after 2 s of warm-up)")
     parser.add_argument("--workers", type=int, default=2, help="serve --workers N unless a variant sets W")

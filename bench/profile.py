@@ -63,6 +63,20 @@ async def main(args: argparse.Namespace) -> None:
         base = server.url + PREFIX
         run = f"p-{uuid.uuid4().hex[:8]}"
         await generator.run("create", base, TOKEN, run=run, streams=args.streams, create=pins())
+        if args.appends_first:
+            # the full run's order: the server has taken appends before the case (bench.ab --sse --cases)
+            warm = f"w-{uuid.uuid4().hex[:8]}"
+            await generator.run(
+                "append",
+                base,
+                TOKEN,
+                run=warm,
+                streams=1000,
+                conns=32,
+                warmup="0s",
+                duration=f"{args.appends_first}s",
+                create=pins(),
+            )
         collapsed = out / "profile.collapsed"
         spy: list[subprocess.Popen[bytes]] = []
 
@@ -108,6 +122,13 @@ if __name__ == "__main__":
     parser.add_argument("--workers", type=int, default=1, help="serve --workers N (all sampled)")
     parser.add_argument(
         "--phase", default="appending", help="sse: start recording at this phase (connecting or appending)"
+    )
+    parser.add_argument(
+        "--appends-first",
+        type=int,
+        default=0,
+        metavar="SECONDS",
+        help="first append to 1,000 streams over 32 connections for this long, unrecorded",
     )
     parser.add_argument("--out", default=tempfile.mkdtemp(prefix="wfs-profile-"))
     asyncio.run(main(parser.parse_args()))
