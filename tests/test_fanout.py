@@ -8,6 +8,7 @@ import re
 
 from tests.support import StreamsApi
 from tests.waiting import eventually
+from workflow_streams.domain.wakes import RECORDS, Signal
 from workflow_streams.runtime.fanout import Fanout
 from workflow_streams.runtime.reads import SharedPage, SharedReads
 from workflow_streams.runtime.wakes import PollOnly, WakeHub
@@ -76,4 +77,30 @@ async def test_a_follower_joining_behind_a_read_in_flight_gets_every_record(api:
         assert not ahead.detached and not behind.detached
     finally:
         await fanout.close()
+        await pool.close()
+
+
+async def test_an_ended_read_is_joined_until_a_signal_ticks_the_clock(api: StreamsApi, database_url: str) -> None:
+    """A burst's readers of one key share a read that has already ended, as they would one in flight,
+    but never once a signal has been delivered since it started: that reader reads again and finds the
+    commit the signal announced. Kept reads are bounded."""
+    for stream in ("s", "t"):
+        await api.create("r", stream)
+        assert (await api.append("r", stream, 1)).status == 201
+    pool = await create_pool(database_url, 1, 2)
+    hub = WakeHub(PollOnly(), None, 0)
+    reads = SharedReads(pool, hub)
+    try:
+        first = await reads.page("r", "s", 0, 100, hub.clock)
+        assert await reads.page("r", "s", 0, 100, hub.clock) is first, "the ended read was not joined"
+        assert (await api.append("r", "s", 2)).status == 201
+        hub.publish([Signal(RECORDS, "r", "s", 2, 2)])
+        after = await reads.page("r", "s", 0, 100, hub.clock)
+        assert after is not first
+        assert [r.sequence for r in after.page.records] == [1, 2]
+
+        reads.MAX_KEPT = 1  # one key kept: reading another evicts it
+        await reads.page("r", "t", 0, 100, hub.clock)
+        assert await reads.page("r", "s", 0, 100, hub.clock) is not after
+    finally:
         await pool.close()

@@ -54,11 +54,12 @@ class SharedPage:
 
 
 class _Flight:
-    __slots__ = ("future", "generation")
+    __slots__ = ("future", "generation", "records")
 
     def __init__(self, generation: int, future: asyncio.Future[SharedPage]) -> None:
         self.generation = generation
         self.future = future
+        self.records = 0  # of its page, once kept after it ended
 
 
 class SharedReads:
@@ -81,6 +82,10 @@ class SharedReads:
     MAX_INFLIGHT = 1
     # Keys per statement: each brings up to a page of records, so a batch is bounded in rows too.
     MAX_BATCH = 64
+    # Ended reads kept for joiners while no signal has ticked the clock since they started (see
+    # ``_keep``), at most this many keys and records.
+    MAX_KEPT = 4096
+    MAX_KEPT_RECORDS = 16_384
 
     def __init__(
         self, pool: asyncpg.Pool, hub: WakeHub, *, max_inflight: int = MAX_INFLIGHT, max_batch: int = MAX_BATCH
@@ -88,6 +93,10 @@ class SharedReads:
         self._pool = pool
         self._hub = hub
         self._flights: dict[PageKey, _Flight] = {}  # the newest read of each key, queued or running
+        # the newest ended read of each key, oldest first, kept while the clock stays where it was
+        self._kept: dict[PageKey, _Flight] = {}
+        self._kept_records = 0
+        self._kept_at = 0  # the clock when the kept reads were kept
         self._batches: Batches[tuple[PageKey, _Flight]] = Batches(
             self._read, max_batch=max_batch, max_inflight=max_inflight, name="wfs-shared-reads"
         )
@@ -95,7 +104,7 @@ class SharedReads:
     async def page(self, run_id: str, stream_id: str, after: int, limit: int, woken_at: int) -> SharedPage:
         """Records after ``after``, from a read that started no earlier than wake generation ``woken_at``."""
         key = (run_id, stream_id, after, limit)
-        flight = self._flights.get(key)
+        flight = self._flights.get(key) or self._kept_read(key)
         if flight is None or flight.generation < woken_at:
             # The generation is taken now, before the statement is sent: the read sees at least every
             # commit announced by then. Newer than any flight it replaces, so later joiners take it.
@@ -118,6 +127,33 @@ class SharedReads:
         for (key, flight), outcome in zip(batch, outcomes, strict=True):
             self._settle(key, flight, SharedPage(outcome) if isinstance(outcome, Page) else outcome)
 
+    def _kept_read(self, key: PageKey) -> _Flight | None:
+        if self._kept and self._kept_at != self._hub.clock:
+            self._kept.clear()  # a signal since: every kept read is older than a reader woken now
+            self._kept_records = 0
+        return self._kept.get(key)
+
+    def _keep(self, key: PageKey, flight: _Flight) -> None:
+        """An ended read stays joinable while the clock has not moved since it was kept. A joiner's rule
+        is the in-flight one (the read started at or after the wake it answers), so a read that ended
+        is as good as one still running. It matters for bursts: 10,000 subscribers over 1,000 streams
+        arrive round robin, a stream's next subscriber a thousand connections after the one before, and
+        on uvloop the read it could have joined has usually ended by then."""
+        if self._kept_at != self._hub.clock:
+            self._kept.clear()
+            self._kept_records = 0
+            self._kept_at = self._hub.clock
+        if flight.generation != self._kept_at:
+            return  # started before a signal: no reader woken from now on may join it
+        earlier = self._kept.pop(key, None)
+        if earlier is not None:
+            self._kept_records -= earlier.records
+        self._kept[key] = flight
+        self._kept_records += flight.records
+        while len(self._kept) > self.MAX_KEPT or self._kept_records > self.MAX_KEPT_RECORDS:
+            oldest = next(iter(self._kept))
+            self._kept_records -= self._kept.pop(oldest).records
+
     def _settle(self, key: PageKey, flight: _Flight, outcome: SharedPage | BaseException) -> None:
         if self._flights.get(key) is flight:
             del self._flights[key]
@@ -125,6 +161,8 @@ class SharedReads:
             return
         if isinstance(outcome, SharedPage):
             flight.future.set_result(outcome)
+            flight.records = len(outcome.page.records)
+            self._keep(key, flight)
         elif isinstance(outcome, asyncio.CancelledError):
             flight.future.cancel()
         else:
