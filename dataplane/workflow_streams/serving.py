@@ -190,8 +190,9 @@ def _run(settings: Settings, *, reuse_port: bool) -> None:
         # uvloop (libuv, by asyncpg's authors) runs the event loop, its transports and callbacks in C: at
         # 1,000 streams x 32 connections 4,832 -> 5,224 appends/s, x 128 7,233 -> 7,725/s. It was reverted
         # once because it doubled the cost of connecting 10,000 subscribers (their first reads stopped
-        # sharing statements); reads of many streams are now batched (runtime.reads), and the connect
-        # takes 1.9-2.2 s with it in A/B, 2.85 s in the full run (bench README, items 15 and 18)
+        # sharing statements); reads of many streams are now batched and ended reads stay joinable
+        # (runtime.reads): after appends, as in the full run, the connect took 2.8-3.2 s on uvloop and
+        # 2.1-2.4 s on asyncio's loop, and takes 1.8-2.0 s now (bench README, items 15, 18 and 20)
         loop=uvloop.new_event_loop(),
         host=settings.host,
         port=settings.port,
