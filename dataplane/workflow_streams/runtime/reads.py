@@ -54,12 +54,16 @@ class SharedPage:
 
 
 class _Flight:
-    __slots__ = ("future", "generation", "records")
+    __slots__ = ("future", "generation")
 
     def __init__(self, generation: int, future: asyncio.Future[SharedPage]) -> None:
         self.generation = generation
         self.future = future
-        self.records = 0  # of its page, once kept after it ended
+
+    @property
+    def records(self) -> int:
+        """Records of its page (an ended read's: only those are kept)."""
+        return len(self.future.result().page.records)
 
 
 class SharedReads:
@@ -128,10 +132,14 @@ class SharedReads:
             self._settle(key, flight, SharedPage(outcome) if isinstance(outcome, Page) else outcome)
 
     def _kept_read(self, key: PageKey) -> _Flight | None:
-        if self._kept and self._kept_at != self._hub.clock:
+        self._drop_kept_if_signalled()
+        return self._kept.get(key)
+
+    def _drop_kept_if_signalled(self) -> None:
+        if self._kept_at != self._hub.clock:
             self._kept.clear()  # a signal since: every kept read is older than a reader woken now
             self._kept_records = 0
-        return self._kept.get(key)
+            self._kept_at = self._hub.clock
 
     def _keep(self, key: PageKey, flight: _Flight) -> None:
         """An ended read stays joinable while the clock has not moved since it was kept. A joiner's rule
@@ -139,10 +147,7 @@ class SharedReads:
         is as good as one still running. It matters for bursts: 10,000 subscribers over 1,000 streams
         arrive round robin, a stream's next subscriber a thousand connections after the one before, and
         on uvloop the read it could have joined has usually ended by then."""
-        if self._kept_at != self._hub.clock:
-            self._kept.clear()
-            self._kept_records = 0
-            self._kept_at = self._hub.clock
+        self._drop_kept_if_signalled()
         if flight.generation != self._kept_at:
             return  # started before a signal: no reader woken from now on may join it
         earlier = self._kept.pop(key, None)
@@ -161,7 +166,6 @@ class SharedReads:
             return
         if isinstance(outcome, SharedPage):
             flight.future.set_result(outcome)
-            flight.records = len(outcome.page.records)
             self._keep(key, flight)
         elif isinstance(outcome, asyncio.CancelledError):
             flight.future.cancel()
