@@ -62,6 +62,12 @@ async def test_invalid_definitions_name_the_field(api: StreamsApi) -> None:
     body = await problem(resp, 422, "invalid_definition")
     assert any(e["field"] == "surprise" for e in body["errors"])
 
+    # beyond what Postgres holds (a bigint count, an interval added to now()): refused, not a 500
+    for field, value in (("max_records", 2**65), ("max_age_seconds", 10**18)):
+        resp = await api.create("run-1", "out", retention={field: value})
+        body = await problem(resp, 422, "invalid_definition")
+        assert any(e["field"] == f"retention/{field}" for e in body["errors"])
+
 
 async def test_get_returns_definition_and_state(api: StreamsApi) -> None:
     await api.create("run-1", "out")

@@ -98,11 +98,19 @@ class Retention(_Pinned):
     """How long records are kept; the pruner removes older records unless a legal hold exists.
     Both limits unset keeps records until the stream is deleted."""
 
+    # Upper bounds are what Postgres can hold: the count is a bigint, the age becomes an interval added
+    # to now() (10**12 s is ~31,700 years; 10**18, found by schemathesis, overflowed and answered 500).
     max_age_seconds: int | None = Field(
-        default=None, ge=1, description="Records older than this many seconds are pruned. Unset: no age limit."
+        default=None,
+        ge=1,
+        le=10**12,
+        description="Records older than this many seconds are pruned. Unset: no age limit.",
     )
     max_records: int | None = Field(
-        default=None, ge=1, description="Only the newest this many records are kept. Unset: no count limit."
+        default=None,
+        ge=1,
+        le=2**63 - 1,
+        description="Only the newest this many records are kept. Unset: no count limit.",
     )
 
 
