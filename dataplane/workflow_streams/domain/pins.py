@@ -98,8 +98,10 @@ class Retention(_Pinned):
     """How long records are kept; the pruner removes older records unless a legal hold exists.
     Both limits unset keeps records until the stream is deleted."""
 
-    # Upper bounds are what Postgres can hold: the count is a bigint, the age becomes an interval added
-    # to now() (10**12 s is ~31,700 years; 10**18, found by schemathesis, overflowed and answered 500).
+    # Upper bounds are what every reader of a definition can hold: the age becomes an interval added to
+    # now() (10**12 s is ~31,700 years; 10**18, found by schemathesis, overflowed and answered 500); the
+    # count is a bigint in Postgres, but the CRD's schema is read as doubles by the kube-apiserver, which
+    # refuses 2**63 - 1 as a bound, so 2**53 - 1 (the largest integer a double holds exactly).
     max_age_seconds: int | None = Field(
         default=None,
         ge=1,
@@ -109,7 +111,7 @@ class Retention(_Pinned):
     max_records: int | None = Field(
         default=None,
         ge=1,
-        le=2**63 - 1,
+        le=2**53 - 1,
         description="Only the newest this many records are kept. Unset: no count limit.",
     )
 
