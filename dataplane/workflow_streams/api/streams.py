@@ -18,7 +18,7 @@ from ..holds import apply_legal_hold
 from ..runtime.group_commit import append_records
 from ..store import consumers, definitions, deliveries, reads, streams
 from ..store.appends import AppendRequest
-from .common import STREAM, client_region_of, json_object, json_response, read_json, stream_key
+from .common import JSON_HEADERS, STREAM, client_region_of, json_object, json_response, read_json, stream_key
 from .state import principal_of, state_of
 
 routes = web.RouteTableDef()
@@ -130,7 +130,7 @@ async def read(request: web.Request) -> web.Response:
     metrics.READ_RECORDS.inc(len(page.records))
     next_after = page.next_after if page.next_after is not None else after
     body = wire.page_bytes(page.records, next_after, page.bounds, page.closed)
-    return web.Response(body=body, content_type="application/json")
+    return web.Response(body=body, headers=JSON_HEADERS)
 
 
 @routes.post(STREAM + "/consumers/{consumer_id}/ack")
