@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import asyncpg
+
 from tests.support import BOB, EVE, StreamsApi, pins, problem
 from workflow_streams import API_PREFIX
+from workflow_streams.domain.authz import Trusted
+from workflow_streams.store import definitions
 
 
 async def test_create_then_same_pins_is_idempotent(api: StreamsApi) -> None:
@@ -112,3 +116,18 @@ async def test_missing_and_forbidden_streams_look_the_same(api: StreamsApi) -> N
     for existing, missing in pairs:
         assert existing.status == missing.status == 403
         assert await existing.json() == await missing.json()
+
+
+async def test_deleting_a_stream_deletes_its_records(api: StreamsApi, db: asyncpg.Connection) -> None:
+    """Records hold no foreign key to their stream (migration 484): the delete takes them, and only them."""
+    for stream_id in ("out", "other"):
+        await api.create("run-1", stream_id)
+        for n in range(3):
+            assert (await api.append("run-1", stream_id, {"n": n})).status == 201
+    keys = dict(await db.fetch("SELECT stream_id, stream_key FROM wfs_streams WHERE run_id = 'run-1'"))
+    await definitions.delete_stream(db, "run-1", "out", Trusted("test"))
+
+    count = "SELECT count(*) FROM wfs_records WHERE stream_key = $1"
+    assert await db.fetchval(count, keys["out"]) == 0
+    assert await db.fetchval(count, keys["other"]) == 3
+    assert await db.fetchval("SELECT count(*) FROM wfs_streams WHERE run_id = 'run-1'") == 1

@@ -219,6 +219,15 @@ async def set_legal_hold(
         return await _state(conn, stream)
 
 
+# The stream row and its records in one statement: records hold no foreign key to their stream (migration
+# 484), so this is the one place that removes a stream's records with it. The row is locked already, so
+# no append commits a record for it after this statement's snapshot.
+_DELETE = """
+WITH stream AS (DELETE FROM wfs_streams WHERE run_id = $1 AND stream_id = $2 RETURNING stream_key)
+DELETE FROM wfs_records r USING stream s WHERE r.stream_key = s.stream_key
+"""
+
+
 async def delete_stream(
     conn: asyncpg.Connection, run_id: str, stream_id: str, caller: Caller
 ) -> list[tuple[str, str, str]]:
@@ -241,7 +250,7 @@ async def delete_stream(
             run_id,
             stream_id,
         )
-        await conn.execute("DELETE FROM wfs_streams WHERE run_id = $1 AND stream_id = $2", run_id, stream_id)
+        await conn.execute(_DELETE, run_id, stream_id)
         # open subscriptions see the stream end (delivered by Postgres after COMMIT; deletes are rare,
         # so paying the notify lock here is fine)
         await notify.send(conn, [Signal(RECORDS, run_id, stream_id)], sender="delete")
