@@ -34,9 +34,10 @@ STATE = web.AppKey("workflow_streams_state", AppState)
 STREAMING = web.RequestKey("workflow_streams_streaming", bool)
 
 
-# the state, kept on the request by the root app's first middleware: handlers of the API sub-app reach
-# the root's keys through config_dict, a chain that raises and catches KeyError in the sub-app first
-# (8% of the server's samples while 10,000 subscribers connected: bench/profile.py --phase connecting)
+# the state, kept on the request by the root app's first middleware: handlers of a sub-app (Durable
+# Streams; the API's routes were one too) reach the root's keys through config_dict, a chain that raises
+# and catches KeyError in the sub-app first (8% of the server's samples while 10,000 subscribers
+# connected: bench/profile.py --phase connecting)
 _REQUEST_STATE = web.RequestKey("workflow_streams_request_state", AppState)
 
 
