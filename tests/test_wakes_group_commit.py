@@ -220,10 +220,12 @@ async def test_the_append_statements_never_scan_every_stream(database_url: str, 
         try:
             lock = await conn.prepare(f"EXPLAIN {appends._LOCK}")
             write = await conn.prepare(f"EXPLAIN {appends._WRITE}")
+            write_records = await conn.prepare(f"EXPLAIN {appends._WRITE_RECORDS}")
             pins = await conn.prepare(f"EXPLAIN {streams._PINS_BY_KEY}")
             return [
                 "\n".join(row[0] for row in await lock.fetch(["r"], ["s1"])),
                 "\n".join(row[0] for row in await write.fetch(*([[]] * 21))),
+                "\n".join(row[0] for row in await write_records.fetch(*([[]] * 10))),
                 "\n".join(row[0] for row in await pins.fetch([1])),
             ]
         finally:

@@ -164,7 +164,7 @@ CROSS JOIN LATERAL (
 # Every write of a batch in one statement: data-modifying CTEs all run, referenced or not. A record row
 # holds the stream's surrogate key, not its names, and neither kind nor size (migration 482: both are
 # computed where records are read, store.reads.RECORD_COLUMNS), nor the defaults (migration 483).
-_WRITE = """
+_RECORDS_AND_COUNTERS = """
 WITH records AS (
     INSERT INTO wfs_records
         (stream_key, sequence, cumulative_bytes, appended_at, content_type, appended_by, payload, object)
@@ -185,7 +185,17 @@ WITH records AS (
     -- the ANY is an index condition: whatever join the generic plan picks, it reads only these rows (as a
     -- bare join, planned while the table held two rows, it walked the whole primary key every time)
     WHERE s.stream_key = c.stream_key AND s.stream_key = ANY($8::bigint[])
-), receipts AS (
+)"""
+
+_WRITE_RECORDS = _RECORDS_AND_COUNTERS + "\nSELECT 1\n"
+
+# With Idempotency-Key receipts or input deliveries to write too. Most batches have neither and take the
+# statement above: an empty INSERT still opens its table and indexes, and its arrays are still encoded
+# (Postgres 310-317 against 333-343 us of CPU for a 12-record batch, and 9-13 us less of Python,
+# measured on one connection).
+_WRITE = (
+    _RECORDS_AND_COUNTERS
+    + """, receipts AS (
     INSERT INTO wfs_append_receipts
         (run_id, stream_id, idempotency_key, request_digest, first_sequence, last_sequence, created_by)
     SELECT * FROM unnest($11::text[], $12::text[], $13::text[], $14::text[], $15::bigint[], $16::bigint[],
@@ -196,6 +206,7 @@ WITH records AS (
 )
 SELECT 1
 """
+)
 
 
 async def lock_streams(conn: asyncpg.Connection, keys: Sequence[StreamKey]) -> dict[StreamKey, asyncpg.Record]:
@@ -295,11 +306,18 @@ class _Columns:
         # stream's creator, and the default content type (store.reads.RECORD_COLUMNS reads it back)
         appended_by = None if by == stream["created_by"] else by
         total = before  # the stream's bytes before this request
+        # one column at a time: a tuple per record zipped into seven lists cost a third more, per record
+        keys, sequences, totals, content_types, appenders, payloads, objects = self.records
         for offset, r in enumerate(request.records):
             total += r.size
             sequence = first + offset
-            content_type = None if r.content_type == DEFAULT_CONTENT_TYPE else r.content_type
-            _push(self.records, (stream_key, sequence, total, content_type, appended_by, r.payload, r.object))
+            keys.append(stream_key)
+            sequences.append(sequence)
+            totals.append(total)
+            content_types.append(None if r.content_type == DEFAULT_CONTENT_TYPE else r.content_type)
+            appenders.append(appended_by)
+            payloads.append(r.payload)
+            objects.append(r.object)
             if is_input:
                 _push(self.deliveries, (run_id, stream_id, sequence, event_id(run_id, stream_id, sequence)))
         if request.idempotency_key is not None:
@@ -317,12 +335,13 @@ async def append_batch(conn: asyncpg.Connection, requests: Sequence[AppendReques
     batch = Batch(outcomes=[])
     columns = _Columns()
     for request in requests:
-        row = rows.get(request.key)
+        key = request.key
+        row = rows.get(key)
         if row is None:
             batch.outcomes.append(StreamNotFound("no such stream"))
             continue
         pins = pins_by_digest[row["pins_digest"]]
-        usage = usages[request.key]
+        usage = usages[key]
         try:
             result = _decide(row, pins, usage, request, receipts)
         except StreamError as exc:
@@ -333,27 +352,28 @@ async def append_batch(conn: asyncpg.Connection, requests: Sequence[AppendReques
             continue
         is_input = pins.direction == "input"
         columns.add(request, row, result.first_sequence, usage.appended_bytes, is_input)
-        usages[request.key] = credit.Usage(
+        usages[key] = credit.Usage(
             result.last_sequence, usage.appended_bytes + request.size, usage.base_sequence, usage.base_bytes
         )
         if request.idempotency_key is not None:  # a retry within this batch replays this result
             receipts[(request.run_id, request.stream_id, request.idempotency_key)] = (request.digest, result)
-        earlier = batch.written.get(request.key)
-        batch.written[request.key] = (earlier[0] if earlier else result.first_sequence, result.last_sequence, is_input)
+        earlier = batch.written.get(key)
+        batch.written[key] = (earlier[0] if earlier else result.first_sequence, result.last_sequence, is_input)
         for offset, record in enumerate(request.records):
             batch.records_by_kind[record.kind] = batch.records_by_kind.get(record.kind, 0) + 1
             batch.appended.append((request.run_id, request.stream_id, result.first_sequence + offset, pins, record))
     if batch.written:
         counters = [(rows[key]["stream_key"], usages[key]) for key in batch.written]
-        await conn.execute(
-            _WRITE,
+        arguments = [
             *columns.records,
             [stream_key for stream_key, _ in counters],
             [u.last_sequence for _, u in counters],
             [u.appended_bytes for _, u in counters],
-            *columns.receipts,
-            *columns.deliveries,
-        )
+        ]
+        if columns.receipts[0] or columns.deliveries[0]:
+            await conn.execute(_WRITE, *arguments, *columns.receipts, *columns.deliveries)
+        else:
+            await conn.execute(_WRITE_RECORDS, *arguments)
     return batch
 
 
