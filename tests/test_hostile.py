@@ -327,3 +327,17 @@ async def test_deliveries_of_an_output_stream(stream: StreamsApi, db: asyncpg.Co
     await stream.create("r", "in", direction="input", content_class="user_input")
     resp = await stream.client.get(stream.url("r", "in", "/deliveries"), headers=ALICE)
     assert resp.status == 200 and (await resp.json())["counts"] == {"pending": 0, "delivered": 0, "failed": 0}
+
+
+async def test_a_body_over_the_limit_that_arrived_whole(
+    aiohttp_client: Any, database_url: str, settings_for: Any, db: asyncpg.Connection
+) -> None:
+    """A body already in the server's buffer when the handler runs is taken without reading the stream
+    again (api.common.read_json): the size limit holds on that path too."""
+    api = StreamsApi(await aiohttp_client(create_app(settings_for(database_url, max_request_bytes=2048))))
+    await api.create("r", "s")
+    body = json.dumps({"data": "x" * 3000}).encode()
+    headers = {**ALICE, "Content-Type": "application/json"}
+    problem = await expect_unchanged(db, lambda: api.client.post(RECORDS, data=body, headers=headers), 413)
+    assert problem["code"] == "payload_too_large"
+    assert (await api.append("r", "s", "small")).status == 201  # under the limit, the same path appends
