@@ -106,6 +106,8 @@ def wake_source(settings: Settings) -> WakeSource:
 
 
 def _add_routes(router: web.UrlDispatcher, prefix: str, table: web.RouteTableDef) -> None:
+    """``table``'s routes on ``router`` under ``prefix``, names included (what a sub-app at ``prefix`` would
+    serve, without a second router to walk)."""
     for route in table:
         assert isinstance(route, web.RouteDef)
         router.add_route(route.method, prefix + route.path, route.handler, **route.kwargs)
