@@ -8,7 +8,8 @@ never deadlock.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import contextlib
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import aiohttp
@@ -56,13 +57,50 @@ async def _append(session: aiohttp.ClientSession, replica: Replica, stream: str,
         return int((await resp.json())["last_sequence"])
 
 
+@contextlib.asynccontextmanager
+async def _watching(session: aiohttp.ClientSession, replica: Replica, streams: list[str]) -> AsyncIterator[None]:
+    """Live subscribers on ``replica``, one per stream, for the duration: a subscription's response starts
+    after its first read, so once every one has answered, every stream is marked as watched there."""
+    answered: list[asyncio.Event] = []
+
+    async def subscribe(stream: str, started: asyncio.Event) -> None:
+        async with session.get(_url(replica, stream, "/subscribe")) as resp:
+            assert resp.status == 200, await resp.text()
+            started.set()
+            async for _line in resp.content:
+                pass
+
+    tasks = []
+    for stream in streams:
+        answered.append(asyncio.Event())
+        tasks.append(asyncio.create_task(subscribe(stream, answered[-1])))
+    try:
+        await asyncio.wait_for(asyncio.gather(*(event.wait() for event in answered)), 30)
+        yield
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _announcements(announced: list[tuple[str, int]]) -> Callable[[object, int, str, str], None]:
+    """A LISTEN callback that records every (stream, last sequence) announced for this module's run."""
+
+    def on_notify(_conn: object, _pid: int, _channel: str, payload: str) -> None:
+        _sender, signals = decode(payload)
+        announced.extend((s.stream_id, s.last) for s in signals if s.kind == RECORDS and s.run_id == RUN)
+
+    return on_notify
+
+
 async def test_a_wake_heard_by_another_process_never_precedes_its_commit(
     replicas: list[Replica], database_url: str
 ) -> None:
     """Listen on the wake channel like a second process does, and on every signal look in Postgres at
-    once from another connection: the announced record must already be there, for every signal."""
+    once from another connection: the announced record must already be there, for every signal. The
+    other replica watches the streams, so that the writer announces its commits at all."""
     streams = [f"w{i}" for i in range(8)]
-    writer = replicas[0]
+    writer, watcher = replicas
     announced: list[tuple[str, int]] = []
     missing: list[tuple[str, int, int]] = []
     checks: list[asyncio.Task[None]] = []
@@ -99,7 +137,8 @@ async def test_a_wake_heard_by_another_process_never_precedes_its_commit(
                     last = await _append(session, writer, stream, n)
                 return last
 
-            heads = await asyncio.gather(*(produce(s) for s in streams))
+            async with _watching(session, watcher, streams):
+                heads = await asyncio.gather(*(produce(s) for s in streams))
         # every stream's final sequence is announced eventually (coalesced signals may skip earlier ones)
         await eventually(
             lambda: all(any(a == (s, h) for a in announced) for s, h in zip(streams, heads, strict=True)),
@@ -111,6 +150,33 @@ async def test_a_wake_heard_by_another_process_never_precedes_its_commit(
         await reader.close()
     assert len(announced) >= len(streams)
     assert missing == [], f"wakes heard before their records were visible: {missing[:5]}"
+
+
+async def test_only_streams_watched_in_some_process_are_announced(replicas: list[Replica], database_url: str) -> None:
+    """A commit to a stream nobody watches is announced to no other process (a NOTIFY costs Postgres a
+    transaction per listening process); once a subscriber on another replica watches it, it is. The
+    writer's one notifier sends in commit order, so by the time the watched stream's append is heard,
+    an announcement of the earlier, unwatched one would have been heard before it."""
+    writer, watcher = replicas
+    announced: list[tuple[str, int]] = []
+    listener = await asyncpg.connect(database_url)
+    await listener.add_listener(CHANNEL, _announcements(announced))
+    try:
+        async with aiohttp.ClientSession(headers=ALICE) as session:
+            await _create(session, writer, ["quiet", "loud"])
+            await _append(session, writer, "quiet", 1)
+            async with _watching(session, watcher, ["loud"]):
+                await _append(session, writer, "loud", 1)
+                await eventually(lambda: ("loud", 1) in announced, message="the watched stream was not announced")
+                assert [a for a in announced if a[0] == "quiet"] == []
+                # and the same stream, once watched, is announced too
+                async with _watching(session, watcher, ["quiet"]):
+                    await _append(session, writer, "quiet", 2)
+                    await eventually(
+                        lambda: ("quiet", 2) in announced, message="a newly watched stream was not announced"
+                    )
+    finally:
+        await listener.close()
 
 
 async def test_a_subscriber_in_another_process_gets_every_record_once(replicas: list[Replica]) -> None:

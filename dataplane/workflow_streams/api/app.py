@@ -20,6 +20,7 @@ from ..config import Settings
 from ..objectstore import ObjectStore
 from ..runtime.fanout import Fanout
 from ..runtime.group_commit import GroupCommit
+from ..runtime.interest import Interest
 from ..runtime.listen_notify import ListenNotify
 from ..runtime.reads import SharedReads
 from ..runtime.wakes import PollOnly, WakeHub, WakeSource, process_id
@@ -131,7 +132,10 @@ def create_app(settings: Settings) -> web.Application:
             GroupCommit.MAX_INFLIGHT,
             server_settings={"application_name": "wfs-appends", **CONNECTION_SETTINGS},
         )
-        hub = WakeHub(wake_source(settings), pool, settings.head_poll_seconds)
+        # with LISTEN/NOTIFY, the streams watched here are marked so that other processes announce their
+        # commits (runtime.interest); poll-only mode announces nothing
+        interest = Interest(pool) if settings.wake_source == "listen" else None
+        hub = WakeHub(wake_source(settings), pool, settings.head_poll_seconds, interest=interest)
         await hub.start()
         store = None
         if settings.s3_regions:

@@ -15,7 +15,7 @@ import json
 import logging
 import time
 import weakref
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 
 import asyncpg
 from aiohttp import HttpVersion11, web
@@ -155,7 +155,7 @@ async def subscribe(request: web.Request) -> web.StreamResponse:
     settings = app.settings
     ends_at = asyncio.get_running_loop().time() + settings.sse_max_connection_seconds
 
-    with _subscription_slot(request, principal.name), app.hub.watch(wakes.RECORDS, run_id, stream_id) as wake:
+    async with _subscription_slot(request, principal.name), app.hub.watch_records(run_id, stream_id) as wake:
         # the first read validates cursor and rights, so errors are ordinary HTTP responses
         shared = await _first_page(request, principal, run_id, stream_id, after)
         response = await _start_event_stream(request)
@@ -204,8 +204,8 @@ async def subscribe(request: web.Request) -> web.StreamResponse:
         return response
 
 
-@contextlib.contextmanager
-def _subscription_slot(request: web.Request, principal: str) -> Iterator[None]:
+@contextlib.asynccontextmanager
+async def _subscription_slot(request: web.Request, principal: str) -> AsyncIterator[None]:
     """Bound open subscriptions per principal on this replica, so one caller cannot exhaust it."""
     counts = request.app[SUBSCRIPTIONS]
     limit = state_of(request).settings.sse_max_per_principal

@@ -22,7 +22,6 @@ from collections.abc import Callable
 from typing import Protocol
 
 from ..domain.errors import StreamError
-from ..domain.wakes import RECORDS
 from .reads import SharedPage, SharedReads
 from .wakes import Wake, WakeHub
 
@@ -85,7 +84,7 @@ class _StreamFanout:
             self._detach_all()
 
     async def _follow(self) -> None:
-        with self._hub.watch(RECORDS, self.run_id, self.stream_id) as wake:
+        async with self._hub.watch_records(self.run_id, self.stream_id) as wake:
             self._wake = wake
             wake.signal(0)  # the first read, for the followers that joined before we started
             while self.followers:

@@ -8,7 +8,8 @@ WAL flush once per batch instead of once per request: with 1,000 streams that is
 1,000 transactions and a handful.
 
 After COMMIT returns, the batch's wake signals are published (this process's subscribers wake at once;
-other processes hear through the wake source). Nothing is announced before it is durable.
+other processes hear through the wake source, of the streams some process watches: ``runtime.interest``).
+Nothing is announced before it is durable.
 """
 
 from __future__ import annotations
@@ -121,7 +122,7 @@ class GroupCommit:
             if not isinstance(exc, Exception):
                 raise
             return
-        self._hub.publish(batch.signals())
+        self._hub.publish(batch.signals(), remote=batch.remote_signals())
         _account(batch)
         for (_, future), outcome in zip(waiters, batch.outcomes, strict=True):
             if future.done():

@@ -13,7 +13,8 @@ so one NOTIFY is 1 + (processes listening) commits. Sent once per round trip, at
 connections with two workers that was ~1,600 notify transactions a second, three for every group commit
 (``pg_stat_database.xact_commit``). Spacing sends 5 ms apart (River spaces its per-queue notifications by
 100 ms) bounds that to 200 per process a second, at the cost of at most 5 ms more for a wake that crosses
-processes; the first signal after a quiet spell goes at once.
+processes; the first signal after a quiet spell goes at once. And what is sent is only what someone
+may wait for: records of streams no process watches are not announced at all (``runtime.interest``).
 """
 
 from __future__ import annotations

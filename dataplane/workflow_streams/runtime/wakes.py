@@ -3,7 +3,8 @@
 Signals come from three places, and all of them only say "re-read Postgres":
 
 - this process, right after one of its commits returns (``WakeHub.publish``): local watchers wake at
-  once, and the wake source passes the signals on to other processes;
+  once, and the wake source passes the signals on to other processes (those of records only for
+  streams some process has marked as watched: ``runtime.interest``);
 - other processes, through the wake source (LISTEN/NOTIFY, or nothing in poll-only mode);
 - the head poller, which every ``poll_seconds`` asks Postgres for the heads of the streams watched here
   and wakes any watcher behind its stream's head. A process can die between its commit and its NOTIFY,
@@ -23,7 +24,7 @@ import contextlib
 import logging
 import os
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from typing import Protocol
 
 import asyncpg
@@ -31,6 +32,7 @@ import asyncpg
 from ..domain.wakes import ACKS, INPUTS, RECORDS, Signal
 from ..store import heads
 from ..store.db import DB_UNAVAILABLE
+from .interest import Interest
 
 log = logging.getLogger(__name__)
 
@@ -110,10 +112,20 @@ class WakeSource(Protocol):
 
 
 class WakeHub:
-    def __init__(self, source: WakeSource, pool: asyncpg.Pool | None, poll_seconds: float) -> None:
+    def __init__(
+        self,
+        source: WakeSource,
+        pool: asyncpg.Pool | None,
+        poll_seconds: float,
+        *,
+        interest: Interest | None = None,
+    ) -> None:
+        """``interest`` marks the streams watched here for other processes' appenders (with a wake source
+        that carries signals between processes; poll-only mode needs none)."""
         self.source = source
         self._pool = pool
         self._poll_seconds = poll_seconds
+        self._interest = interest
         self._topics: dict[tuple[str, str, str], _Topic] = {}
         # ticks once per signal delivered; only ever grows
         self.clock = 0
@@ -150,6 +162,17 @@ class WakeHub:
             topic.watchers.discard(wake)
             if not topic.watchers and self._topics.get(key) is topic:
                 del self._topics[key]
+                if kind == RECORDS and self._interest is not None:
+                    self._interest.forget(run_id, stream_id)
+
+    @contextlib.asynccontextmanager
+    async def watch_records(self, run_id: str, stream_id: str) -> AsyncIterator[Wake]:
+        """``watch`` for a stream's records, marked as watched here before it yields: enter it before
+        reading Postgres, and appends in every process will announce what the read did not see."""
+        with self.watch(RECORDS, run_id, stream_id) as wake:
+            if self._interest is not None:
+                await self._interest.ensure(run_id, stream_id)
+            yield wake
 
     @contextlib.contextmanager
     def watch_kind(self, kind: str) -> Iterator[Wake]:
@@ -163,11 +186,12 @@ class WakeHub:
         topic = self._topics.get((RECORDS, run_id, stream_id))
         return topic.generation if topic is not None else 0
 
-    def publish(self, signals: Iterable[Signal]) -> None:
-        """After a commit returned: wake this process's watchers now, and tell the other processes."""
+    def publish(self, signals: Iterable[Signal], remote: Iterable[Signal] | None = None) -> None:
+        """After a commit returned: wake this process's watchers now, and tell the other processes
+        ``remote`` (by default all of ``signals``)."""
         signals = list(signals)
         self._deliver(signals)
-        self.source.send(signals)
+        self.source.send(signals if remote is None else remote)
 
     def _deliver(self, signals: Iterable[Signal]) -> None:
         for signal in signals:
@@ -192,6 +216,8 @@ class WakeHub:
         assert self._pool is not None
         while True:
             await asyncio.sleep(self._poll_seconds)
+            if self._interest is not None:
+                self._interest.renew((r, s) for kind, r, s in self._topics if kind == RECORDS and r != _ANY)
             keys = [
                 (run, stream)
                 for (kind, run, stream), topic in self._topics.items()

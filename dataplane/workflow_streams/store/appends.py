@@ -12,6 +12,8 @@
 
 Round trips do not grow with the number of requests. Nothing here notifies: the caller publishes the
 returned wake signals after COMMIT (``runtime.group_commit``), so no append pays Postgres' notify lock.
+The lock statement also reads whether each stream is marked as watched (``runtime.interest``): only
+those streams' signals need to reach other processes.
 """
 
 from __future__ import annotations
@@ -91,6 +93,8 @@ class Batch:
     outcomes: list[Outcome]
     # per appended-to stream: (first, last) sequence written, and whether it is an input stream
     written: dict[StreamKey, tuple[int, int, bool]] = field(default_factory=dict)
+    # the appended-to streams some process watched when their rows were locked
+    watched: set[StreamKey] = field(default_factory=set)
     # records appended, by kind, for metrics
     records_by_kind: dict[str, int] = field(default_factory=dict)
     # (run, stream, sequence, pins, record) for the payload log
@@ -103,6 +107,18 @@ class Batch:
             out.append(Signal(RECORDS, run_id, stream_id, first, last))
             if is_input:
                 out.append(Signal(INPUTS, run_id, stream_id, first, last))
+        return out
+
+    def remote_signals(self) -> list[Signal]:
+        """Those of ``signals()`` that other processes need: records of the streams marked as watched (a
+        watcher marks before its first read, under the row lock this batch held: ``runtime.interest``),
+        and every input signal (any process's dispatcher may deliver)."""
+        out = []
+        for key, (first, last, is_input) in self.written.items():
+            if key in self.watched:
+                out.append(Signal(RECORDS, key[0], key[1], first, last))
+            if is_input:
+                out.append(Signal(INPUTS, key[0], key[1], first, last))
         return out
 
 
@@ -136,7 +152,7 @@ CONNECTION_SETTINGS = {"plan_cache_mode": "force_generic_plan", "enable_seqscan"
 # The stream's columns are named, without the pins document (``streams.pins_for``).
 _LOCK = """
 SELECT s.stream_key, s.run_id, s.stream_id, s.pins_digest, s.created_by, s.last_sequence, s.appended_bytes,
-       s.earliest_sequence, s.pruned_bytes, s.closed_at, m.min_ack,
+       s.earliest_sequence, s.pruned_bytes, s.closed_at, m.min_ack, s.watched_until > now() AS watched,
        (SELECT r.cumulative_bytes FROM wfs_records r
         WHERE r.stream_key = s.stream_key AND r.sequence = m.min_ack) AS ack_bytes
 FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS k(run_id, stream_id, position)
@@ -359,6 +375,8 @@ async def append_batch(conn: asyncpg.Connection, requests: Sequence[AppendReques
             receipts[(request.run_id, request.stream_id, request.idempotency_key)] = (request.digest, result)
         earlier = batch.written.get(key)
         batch.written[key] = (earlier[0] if earlier else result.first_sequence, result.last_sequence, is_input)
+        if row["watched"]:
+            batch.watched.add(key)
         for offset, record in enumerate(request.records):
             batch.records_by_kind[record.kind] = batch.records_by_kind.get(record.kind, 0) + 1
             batch.appended.append((request.run_id, request.stream_id, result.first_sequence + offset, pins, record))

@@ -15,7 +15,6 @@ from aiohttp import web
 from ... import metrics
 from ...domain import durable as rules
 from ...domain.errors import StreamError, StreamNotFound
-from ...domain.wakes import RECORDS
 from ...store import durable as store
 from ..state import STREAMING, AppState
 from ..subscribe import OPEN_STREAMS
@@ -47,7 +46,7 @@ async def long_poll(request: web.Request, app: AppState, meta: store.Meta, after
     otherwise wait for a wake up to the long-poll timeout, then 204."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + app.settings.durable_long_poll_seconds
-    with app.hub.watch(RECORDS, meta.run_id, meta.stream_id) as wake:
+    async with app.hub.watch_records(meta.run_id, meta.stream_id) as wake:
         wake.cursor = after  # the head poller wakes us only when the stream moves past this
         while True:
             wake.clear()
@@ -95,7 +94,7 @@ async def sse(request: web.Request, app: AppState, meta: store.Meta, after: int)
     ends_at = loop.time() + settings.durable_sse_seconds
     cursors = _Cursor(request.query.get("cursor"))
     announced = False
-    with app.hub.watch(RECORDS, meta.run_id, meta.stream_id) as wake:
+    async with app.hub.watch_records(meta.run_id, meta.stream_id) as wake:
         while True:
             wake.cursor = after  # the head poller wakes us only when the stream moves past this
             wake.clear()

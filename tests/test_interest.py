@@ -1,0 +1,131 @@
+"""Streams marked as watched, so that appenders elsewhere announce exactly what someone may wait for
+(issue 13; runtime.interest, migration 485)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterable
+from datetime import datetime
+
+import asyncpg
+
+from tests.support import StreamsApi
+from tests.waiting import eventually
+from workflow_streams.domain.authz import Principal
+from workflow_streams.domain.records import RecordIn
+from workflow_streams.domain.wakes import RECORDS, Signal
+from workflow_streams.runtime.group_commit import GroupCommit
+from workflow_streams.runtime.interest import Interest
+from workflow_streams.runtime.wakes import Deliver, WakeHub
+from workflow_streams.store.appends import AppendRequest
+from workflow_streams.store.db import create_pool
+
+ALICE = Principal("alice")
+
+
+class _Captured:
+    """A wake source that keeps what would have gone to other processes."""
+
+    def __init__(self) -> None:
+        self.connected = asyncio.Event()
+        self.sent: list[Signal] = []
+
+    async def start(self, deliver: Deliver, lost: Callable[[], None]) -> None:
+        self.connected.set()
+
+    async def stop(self) -> None:
+        pass
+
+    def send(self, signals: Iterable[Signal]) -> None:
+        self.sent.extend(signals)
+
+    def records_of(self, stream: str) -> list[int]:
+        return [s.last for s in self.sent if s.kind == RECORDS and s.stream_id == stream]
+
+
+def _append(group: GroupCommit, stream: str) -> asyncio.Task[object]:
+    return asyncio.create_task(group.append(AppendRequest("r", stream, [RecordIn("application/json", b"1")], ALICE)))
+
+
+async def _mark_waits_for(db: asyncpg.Connection) -> bool:
+    """Whether some backend's mark statement waits for a lock that ``db``'s backend holds."""
+    return bool(
+        await db.fetchval(
+            """SELECT count(*) > 0 FROM pg_stat_activity
+               WHERE query LIKE '%watched_until = now()%' AND pg_backend_pid() = ANY(pg_blocking_pids(pid))"""
+        )
+    )
+
+
+async def test_a_mark_waits_for_the_append_holding_the_row_and_later_appends_announce(
+    api: StreamsApi, database_url: str, db: asyncpg.Connection
+) -> None:
+    """Unwatched, an append wakes only its own process. A watcher's mark takes the row lock, so it
+    waits for an append that holds the row (whose records the watcher's first read, after the mark,
+    then sees); every append after the mark reads it and announces its commit to other processes."""
+    assert (await api.create("r", "fenced")).status == 201
+    pool = await create_pool(database_url, 1, 2)
+    source = _Captured()
+    hub = WakeHub(source, pool, 0, interest=Interest(pool))
+    await hub.start()
+    group = GroupCommit(pool, hub)
+    try:
+        async with asyncio.timeout(15):
+            await _append(group, "fenced")
+            assert source.records_of("fenced") == []  # nobody watches: nothing for other processes
+
+            async with db.transaction():  # as an append that has locked the row and not committed yet
+                await db.execute("SELECT 1 FROM wfs_streams WHERE stream_id = 'fenced' FOR UPDATE")
+                entered = asyncio.Event()
+
+                async def watch() -> None:
+                    async with hub.watch_records("r", "fenced"):
+                        entered.set()
+                        await asyncio.Event().wait()  # held until cancelled
+
+                watcher = asyncio.create_task(watch())
+                await eventually(lambda: _mark_waits_for(db), message="the mark did not wait for the row lock")
+                assert not entered.is_set()
+            await entered.wait()
+
+            await _append(group, "fenced")
+            assert source.records_of("fenced") == [2]
+            watcher.cancel()
+            await asyncio.gather(watcher, return_exceptions=True)
+    finally:
+        await hub.stop()
+        await pool.close()
+
+
+async def test_a_mark_is_renewed_while_the_stream_is_watched(
+    api: StreamsApi, database_url: str, db: asyncpg.Connection
+) -> None:
+    """Marks expire (a process that dies leaves no stream announced for ever), so the head poller renews
+    them while someone here watches; once the last watcher left, the next one marks the stream afresh
+    (a stream deleted and made again under its name starts unmarked)."""
+    assert (await api.create("r", "renewed")).status == 201
+    pool = await create_pool(database_url, 1, 2)
+    hub = WakeHub(_Captured(), pool, 0.1, interest=Interest(pool, ttl=1.0))
+    await hub.start()
+
+    async def watched_until() -> datetime | None:
+        value: datetime | None = await db.fetchval("SELECT watched_until FROM wfs_streams WHERE stream_id = 'renewed'")
+        return value
+
+    try:
+        assert await watched_until() is None
+        async with hub.watch_records("r", "renewed"):
+            first = await watched_until()
+            assert first is not None
+
+            async def renewed() -> bool:
+                value = await watched_until()
+                return value is not None and value > first
+
+            await eventually(renewed, message="the mark was never renewed")
+        await db.execute("UPDATE wfs_streams SET watched_until = NULL WHERE stream_id = 'renewed'")
+        async with hub.watch_records("r", "renewed"):
+            assert await watched_until() is not None
+    finally:
+        await hub.stop()
+        await pool.close()
