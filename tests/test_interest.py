@@ -11,12 +11,13 @@ import asyncpg
 
 from tests.support import StreamsApi
 from tests.waiting import eventually
-from workflow_streams.domain.authz import Principal
+from workflow_streams.domain.authz import Principal, Trusted
 from workflow_streams.domain.records import RecordIn
 from workflow_streams.domain.wakes import RECORDS, Signal
 from workflow_streams.runtime.group_commit import GroupCommit
 from workflow_streams.runtime.interest import Interest
 from workflow_streams.runtime.wakes import Deliver, WakeHub
+from workflow_streams.store import definitions
 from workflow_streams.store.appends import AppendRequest
 from workflow_streams.store.db import create_pool
 
@@ -97,12 +98,13 @@ async def test_a_mark_waits_for_the_append_holding_the_row_and_later_appends_ann
         await pool.close()
 
 
-async def test_a_mark_is_renewed_while_the_stream_is_watched(
+async def test_a_mark_is_renewed_while_watched_and_a_stream_made_again_is_marked_afresh(
     api: StreamsApi, database_url: str, db: asyncpg.Connection
 ) -> None:
     """Marks expire (a process that dies leaves no stream announced for ever), so the head poller renews
-    them while someone here watches; once the last watcher left, the next one marks the stream afresh
-    (a stream deleted and made again under its name starts unmarked)."""
+    them while someone here watches. A mark outlives its watchers here (a long poll that comes back at
+    once writes nothing), except for a stream the head poller found gone: made again under its name,
+    it starts unmarked, and its next watcher marks it."""
     assert (await api.create("r", "renewed")).status == 201
     pool = await create_pool(database_url, 1, 2)
     hub = WakeHub(_Captured(), pool, 0.1, interest=Interest(pool, ttl=1.0))
@@ -114,7 +116,7 @@ async def test_a_mark_is_renewed_while_the_stream_is_watched(
 
     try:
         assert await watched_until() is None
-        async with hub.watch_records("r", "renewed"):
+        async with hub.watch_records("r", "renewed") as wake:
             first = await watched_until()
             assert first is not None
 
@@ -123,9 +125,35 @@ async def test_a_mark_is_renewed_while_the_stream_is_watched(
                 return value is not None and value > first
 
             await eventually(renewed, message="the mark was never renewed")
-        await db.execute("UPDATE wfs_streams SET watched_until = NULL WHERE stream_id = 'renewed'")
+            wake.cursor = 0  # at the head: the poller wakes us only when the stream moves or goes
+            wake.clear()
+            await definitions.delete_stream(db, "r", "renewed", Trusted("test"))
+            assert await wake.wait(10), "the head poller never found the stream gone"
+        assert (await api.create("r", "renewed")).status == 201
+        assert await watched_until() is None
         async with hub.watch_records("r", "renewed"):
             assert await watched_until() is not None
+    finally:
+        await hub.stop()
+        await pool.close()
+
+
+async def test_a_watcher_that_comes_back_at_once_writes_no_mark(
+    api: StreamsApi, database_url: str, db: asyncpg.Connection
+) -> None:
+    """A long poll ends and the next one starts; a subscriber reconnects. The stream's mark has time
+    left, so the next watcher writes nothing (a write per long poll would contend with the appends)."""
+    assert (await api.create("r", "again")).status == 201
+    pool = await create_pool(database_url, 1, 2)
+    hub = WakeHub(_Captured(), pool, 0, interest=Interest(pool))
+    await hub.start()
+    query = "SELECT watched_until FROM wfs_streams WHERE stream_id = 'again'"
+    try:
+        async with hub.watch_records("r", "again"):
+            first = await db.fetchval(query)
+            assert first is not None
+        async with hub.watch_records("r", "again"):
+            assert await db.fetchval(query) == first
     finally:
         await hub.stop()
         await pool.close()

@@ -68,15 +68,19 @@ class Interest:
         await asyncio.shield(future)
 
     def renew(self, keys: Iterable[StreamKey]) -> None:
-        """Mark again, in the background, those of ``keys`` whose mark has less than half its time left."""
+        """Mark again, in the background, those of ``keys`` (the streams watched here now) whose mark has
+        less than half its time left. Marks of streams nobody here watches any more are kept until they
+        expire, so that a reader that comes back at once (a long poll, a reconnect) writes nothing."""
         now = asyncio.get_running_loop().time()
         for key in keys:
             if not self._fresh(key, now):
                 self._queue(key)
+        for key in [key for key, until in self._until.items() if until <= now]:
+            del self._until[key]
 
     def forget(self, run_id: str, stream_id: str) -> None:
-        """Nobody here watches the stream any more: the next watcher marks it afresh (a stream deleted and
-        made again under its name starts unmarked)."""
+        """The stream is gone: a stream made again under its name starts unmarked, and its next watcher
+        marks it afresh."""
         self._until.pop((run_id, stream_id), None)
 
     def _queue(self, key: StreamKey) -> None:

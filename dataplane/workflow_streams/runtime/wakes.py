@@ -162,8 +162,6 @@ class WakeHub:
             topic.watchers.discard(wake)
             if not topic.watchers and self._topics.get(key) is topic:
                 del self._topics[key]
-                if kind == RECORDS and self._interest is not None:
-                    self._interest.forget(run_id, stream_id)
 
     @contextlib.asynccontextmanager
     async def watch_records(self, run_id: str, stream_id: str) -> AsyncIterator[Wake]:
@@ -236,6 +234,8 @@ class WakeHub:
                 if topic is None:
                     continue
                 head = found.get((run_id, stream_id))
+                if head is None and self._interest is not None:
+                    self._interest.forget(run_id, stream_id)  # deleted: a stream made again is unmarked
                 # gone (deleted) or closed streams: watchers re-read and see why
                 behind = [
                     w
