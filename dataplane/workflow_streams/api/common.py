@@ -30,12 +30,8 @@ def json_response(body: Any, status: int = 200, headers: dict[str, str] | None =
     )
 
 
-async def read_json(request: web.Request) -> Any:
-    """The body as strict JSON (``domain.strictjson``): UTF-8 only, as RFC 8259 requires between systems."""
-    if request.content_type != "application/json":
-        raise InvalidInput("the request body must be application/json", field="Content-Type")
-    if (request.charset or "utf-8").lower() not in ("utf-8", "utf8"):
-        raise InvalidJson("JSON bodies are UTF-8", field="Content-Type", rule="encoding")
+async def read_body(request: web.Request) -> bytes:
+    """The whole body, within ``body_timeout_seconds`` and the app's ``client_max_size``."""
     content = request.content
     if content.is_eof():
         # All of it arrived with the headers (most appends): taken as it lies, with read()'s size check.
@@ -44,13 +40,22 @@ async def read_json(request: web.Request) -> Any:
         raw = content.read_nowait()
         if len(raw) > request.client_max_size:
             raise web.HTTPRequestEntityTooLarge(request.client_max_size, len(raw))
-    else:
-        seconds = state_of(request).settings.body_timeout_seconds
-        try:
-            async with asyncio.timeout(seconds):
-                raw = await request.read()
-        except TimeoutError:
-            raise RequestTimeout(f"the request body did not arrive within {seconds:g} s") from None
+        return raw
+    seconds = state_of(request).settings.body_timeout_seconds
+    try:
+        async with asyncio.timeout(seconds):
+            return await request.read()
+    except TimeoutError:
+        raise RequestTimeout(f"the request body did not arrive within {seconds:g} s") from None
+
+
+async def read_json(request: web.Request) -> Any:
+    """The body as strict JSON (``domain.strictjson``): UTF-8 only, as RFC 8259 requires between systems."""
+    if request.content_type != "application/json":
+        raise InvalidInput("the request body must be application/json", field="Content-Type")
+    if (request.charset or "utf-8").lower() not in ("utf-8", "utf8"):
+        raise InvalidJson("JSON bodies are UTF-8", field="Content-Type", rule="encoding")
+    raw = await read_body(request)
     try:
         text = raw.decode()
     except UnicodeDecodeError:

@@ -5,7 +5,6 @@ functions, so credit, wakes and the cursor rule are the same as on our own API."
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass
 
 from aiohttp import web
@@ -14,13 +13,13 @@ from ... import metrics
 from ...domain import durable as rules
 from ...domain.authz import Action, Principal, may_see, require
 from ...domain.durable_pins import default_template, pins_for
-from ...domain.errors import Forbidden, InvalidInput, RequestTimeout, StreamClosed
+from ...domain.errors import Forbidden, InvalidInput, StreamClosed
 from ...domain.placement import check_egress
 from ...domain.records import RecordIn
 from ...runtime import group_commit
 from ...store import durable as store
 from ...store.appends import AppendRequest
-from ..common import client_region_of
+from ..common import client_region_of, read_body
 from ..problems import NOT_VISIBLE, problem
 from ..state import AppState, principal_of, state_of
 from . import headers as h
@@ -60,15 +59,6 @@ def _authorize(call: Call, meta: store.Meta, action: Action, request: web.Reques
         check_egress(meta.pins, client_region_of(request))
 
 
-async def _body(request: web.Request, app: AppState) -> bytes:
-    seconds = app.settings.body_timeout_seconds
-    try:
-        async with asyncio.timeout(seconds):
-            return await request.read()
-    except TimeoutError:
-        raise RequestTimeout(f"the request body did not arrive within {seconds:g} s") from None
-
-
 def _records(meta_content_type: str, body: bytes, allow_empty: bool) -> list[RecordIn]:
     if rules.is_json_mode(meta_content_type):
         messages = rules.json_messages(body, allow_empty)
@@ -102,7 +92,7 @@ async def put(request: web.Request) -> web.Response:
     content_type = rules.check_content_type(request.headers.get("Content-Type") or rules.DEFAULT_CONTENT_TYPE)
     lifetime = rules.parse_lifetime(request.headers.get(h.TTL), request.headers.get(h.EXPIRES_AT))
     closed = request.headers.get(h.CLOSED, "").lower() == "true"
-    body = await _body(request, call.app)
+    body = await read_body(request)
     initial = _records(content_type, body, allow_empty=True) if body else []
     template = settings.durable_template or default_template(settings.region, settings.metadata_region)
     pins = pins_for(template, call.principal.name)
@@ -202,7 +192,7 @@ async def post(request: web.Request) -> web.Response:
     producer = rules.parse_producer(request.headers)
     stream_seq = request.headers.get(h.SEQ)
     content_type = request.headers.get("Content-Type")  # not request.content_type: absent must stay absent
-    body = await _body(request, call.app)
+    body = await read_body(request)
     if not body and not closing:
         raise InvalidInput("an append needs a body (or Stream-Closed: true to close)", field="/")
     if body and not content_type:
