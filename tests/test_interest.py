@@ -4,7 +4,8 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable
+import contextlib
+from collections.abc import AsyncIterator, Callable, Iterable
 from datetime import datetime
 
 import asyncpg
@@ -15,7 +16,7 @@ from workflow_streams.domain.authz import Principal, Trusted
 from workflow_streams.domain.records import RecordIn
 from workflow_streams.domain.wakes import RECORDS, Signal
 from workflow_streams.runtime.group_commit import GroupCommit
-from workflow_streams.runtime.interest import Interest
+from workflow_streams.runtime.interest import TTL_SECONDS, Interest
 from workflow_streams.runtime.wakes import Deliver, WakeHub
 from workflow_streams.store import definitions
 from workflow_streams.store.appends import AppendRequest
@@ -44,6 +45,22 @@ class _Captured:
         return [s.last for s in self.sent if s.kind == RECORDS and s.stream_id == stream]
 
 
+@contextlib.asynccontextmanager
+async def _hub(
+    database_url: str, poll_seconds: float, ttl: float = TTL_SECONDS
+) -> AsyncIterator[tuple[WakeHub, _Captured, asyncpg.Pool]]:
+    """A started hub that marks what it watches, its captured wake source, and the pool it marks with."""
+    pool = await create_pool(database_url, 1, 2)
+    source = _Captured()
+    hub = WakeHub(source, pool, poll_seconds, interest=Interest(pool, ttl=ttl))
+    await hub.start()
+    try:
+        yield hub, source, pool
+    finally:
+        await hub.stop()
+        await pool.close()
+
+
 def _append(group: GroupCommit, stream: str) -> asyncio.Task[object]:
     return asyncio.create_task(group.append(AppendRequest("r", stream, [RecordIn("application/json", b"1")], ALICE)))
 
@@ -65,12 +82,8 @@ async def test_a_mark_waits_for_the_append_holding_the_row_and_later_appends_ann
     waits for an append that holds the row (whose records the watcher's first read, after the mark,
     then sees); every append after the mark reads it and announces its commit to other processes."""
     assert (await api.create("r", "fenced")).status == 201
-    pool = await create_pool(database_url, 1, 2)
-    source = _Captured()
-    hub = WakeHub(source, pool, 0, interest=Interest(pool))
-    await hub.start()
-    group = GroupCommit(pool, hub)
-    try:
+    async with _hub(database_url, 0) as (hub, source, pool):
+        group = GroupCommit(pool, hub)
         async with asyncio.timeout(15):
             await _append(group, "fenced")
             assert source.records_of("fenced") == []  # nobody watches: nothing for other processes
@@ -93,9 +106,6 @@ async def test_a_mark_waits_for_the_append_holding_the_row_and_later_appends_ann
             assert source.records_of("fenced") == [2]
             watcher.cancel()
             await asyncio.gather(watcher, return_exceptions=True)
-    finally:
-        await hub.stop()
-        await pool.close()
 
 
 async def test_a_mark_is_renewed_while_watched_and_a_stream_made_again_is_marked_afresh(
@@ -106,15 +116,12 @@ async def test_a_mark_is_renewed_while_watched_and_a_stream_made_again_is_marked
     once writes nothing), except for a stream the head poller found gone: made again under its name,
     it starts unmarked, and its next watcher marks it."""
     assert (await api.create("r", "renewed")).status == 201
-    pool = await create_pool(database_url, 1, 2)
-    hub = WakeHub(_Captured(), pool, 0.1, interest=Interest(pool, ttl=1.0))
-    await hub.start()
 
     async def watched_until() -> datetime | None:
         value: datetime | None = await db.fetchval("SELECT watched_until FROM wfs_streams WHERE stream_id = 'renewed'")
         return value
 
-    try:
+    async with _hub(database_url, 0.1, ttl=1.0) as (hub, _, _):
         assert await watched_until() is None
         async with hub.watch_records("r", "renewed") as wake:
             first = await watched_until()
@@ -133,9 +140,6 @@ async def test_a_mark_is_renewed_while_watched_and_a_stream_made_again_is_marked
         assert await watched_until() is None
         async with hub.watch_records("r", "renewed"):
             assert await watched_until() is not None
-    finally:
-        await hub.stop()
-        await pool.close()
 
 
 async def test_a_watcher_that_comes_back_at_once_writes_no_mark(
@@ -144,16 +148,10 @@ async def test_a_watcher_that_comes_back_at_once_writes_no_mark(
     """A long poll ends and the next one starts; a subscriber reconnects. The stream's mark has time
     left, so the next watcher writes nothing (a write per long poll would contend with the appends)."""
     assert (await api.create("r", "again")).status == 201
-    pool = await create_pool(database_url, 1, 2)
-    hub = WakeHub(_Captured(), pool, 0, interest=Interest(pool))
-    await hub.start()
     query = "SELECT watched_until FROM wfs_streams WHERE stream_id = 'again'"
-    try:
+    async with _hub(database_url, 0) as (hub, _, _):
         async with hub.watch_records("r", "again"):
             first = await db.fetchval(query)
             assert first is not None
         async with hub.watch_records("r", "again"):
             assert await db.fetchval(query) == first
-    finally:
-        await hub.stop()
-        await pool.close()

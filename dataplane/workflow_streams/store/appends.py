@@ -113,13 +113,7 @@ class Batch:
         """Those of ``signals()`` that other processes need: records of the streams marked as watched (a
         watcher marks before its first read, under the row lock this batch held: ``runtime.interest``),
         and every input signal (any process's dispatcher may deliver)."""
-        out = []
-        for key, (first, last, is_input) in self.written.items():
-            if key in self.watched:
-                out.append(Signal(RECORDS, key[0], key[1], first, last))
-            if is_input:
-                out.append(Signal(INPUTS, key[0], key[1], first, last))
-        return out
+        return [s for s in self.signals() if s.kind == INPUTS or (s.run_id, s.stream_id) in self.watched]
 
 
 # The settings of the connections that run this module's statements (group commit has its own pool
