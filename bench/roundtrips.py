@@ -26,7 +26,7 @@ import asyncpg
 import psycopg
 import uvloop
 
-from bench.harness import postmaster_pid, process_tree_times, start_postgres
+from bench.harness import postmaster_pid, process_tree_cpu, start_postgres
 
 _SETUP = """
 CREATE TABLE rt_streams (k bigint PRIMARY KEY, last bigint NOT NULL DEFAULT 0);
@@ -83,8 +83,7 @@ async def _psycopg_loop(dsn: str, batch: int, until: float) -> int:
             await cursor.execute("BEGIN")
             await cursor.execute(lock, (keys,))
             await pipeline.sync()
-            rows = [(k, last) for k, last in await cursor.fetchall()]
-            await cursor.execute(write, _write_args(keys, rows))
+            await cursor.execute(write, _write_args(keys, await cursor.fetchall()))
             await cursor.execute("COMMIT")
         done += 1
     await conn.close()
@@ -106,13 +105,13 @@ async def main(args: argparse.Namespace) -> None:
             for name, loop in drivers:
                 for connections in (1, 2):
                     before = resource.getrusage(resource.RUSAGE_SELF)
-                    pg_before = sum(process_tree_times(postmaster))
+                    pg_before = process_tree_cpu(postmaster)
                     started = time.monotonic()
                     until = started + args.seconds
                     done = sum(await asyncio.gather(*(loop(pg.dsn, args.batch, until) for _ in range(connections))))
                     wall = time.monotonic() - started
                     after = resource.getrusage(resource.RUSAGE_SELF)
-                    pg_cpu = sum(process_tree_times(postmaster)) - pg_before
+                    pg_cpu = process_tree_cpu(postmaster) - pg_before
                     cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
                     print(
                         f"{name:16s} batch {args.batch} x {connections} connection(s): {done / wall:6.0f} txn/s;"
