@@ -204,6 +204,43 @@ async def test_after_a_batch_of_several_the_next_waits_for_more_and_a_lone_appen
         await pool.close()
 
 
+async def test_a_busy_commit_begins_the_next_transaction_and_a_quiet_one_leaves_nothing_open(
+    api: StreamsApi, database_url: str, db: asyncpg.Connection
+) -> None:
+    """While requests wait, a COMMIT also begins the next transaction (one round trip fewer per batch).
+    That begun connection, killed while the next batch gathers, costs the batch a retry on another
+    connection, not an error; once nothing waits, no connection is left inside a transaction."""
+    for stream in "abc":
+        assert (await api.create("r", stream)).status == 201
+    alice = Principal("alice")
+    name = "wfs-test-begun"
+    pool = await create_pool(database_url, 1, 2, server_settings={"application_name": name})
+    group = GroupCommit(pool, WakeHub(PollOnly(), None, 3600), max_batch=2, gather_seconds=2.0)
+
+    async def in_transaction(idle_for: float = 0.0) -> list[int]:
+        query = """SELECT pid FROM pg_stat_activity WHERE application_name = $1 AND state = 'idle in transaction'
+                   AND clock_timestamp() - state_change >= make_interval(secs => $2)"""
+        return [row[0] for row in await db.fetch(query, name, idle_for)]
+
+    try:
+        async with asyncio.timeout(15):
+            # one turn of the event loop: a batch of two (a, b), and c queued behind it, so that COMMIT
+            # begins c's transaction, which then gathers (after a batch of several) for two seconds
+            tasks = [asyncio.create_task(group.append(AppendRequest("r", s, [_record(s)], alice))) for s in "abc"]
+            # begun while c gathered, not merely between the statements of a running transaction
+            (begun,) = await eventually(
+                lambda: in_transaction(idle_for=0.3), message="no COMMIT began the next transaction"
+            )
+            assert await db.fetchval("SELECT pg_terminate_backend($1)", begun)
+            assert await asyncio.gather(*tasks) == [AppendResult(1, 1, False)] * 3
+            assert not await in_transaction()
+            await group.close()
+            await pool.close()  # waits for every connection: one kept back would hang it
+    finally:
+        pool.terminate()
+    assert [r["data"] for r in await api.read_all("r", "c")] == ["c"]
+
+
 async def test_the_append_statements_never_scan_every_stream(database_url: str, db: asyncpg.Connection) -> None:
     """A generic plan is made once per connection, from the statistics of that moment, and kept. Made
     while the table held two streams, the lock statement's plan walked every stream row (a merge join over

@@ -173,6 +173,7 @@ def create_app(settings: Settings) -> web.Application:
             await reviewer.close()
         if store is not None:
             await store.close()
+        await appends.close()
         await append_pool.close()
         await pool.close()
 

@@ -40,6 +40,11 @@ class Batches(Generic[T]):
         self._running: set[asyncio.Task[None]] = set()
         self._gathering = False  # a task has been started and has not taken its batch yet
 
+    @property
+    def queued(self) -> int:
+        """Items waiting for a batch (those taken are not counted)."""
+        return len(self._queue)
+
     def add(self, item: T) -> None:
         self._queue.append(item)
         self._start()

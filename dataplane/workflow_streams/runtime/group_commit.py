@@ -80,6 +80,10 @@ class GroupCommit:
         self._max_batch = max_batch
         self._gather_seconds = gather_seconds
         self._last_batch = 0  # requests in the batch taken last
+        # A connection whose COMMIT began the next transaction, kept for it: under load every transaction
+        # would otherwise open with a BEGIN round trip of its own (see _transaction).
+        self._begun: asyncpg.pool.PoolConnectionProxy | None = None
+        self._closed = False
         self._batches: Batches[_Waiter] = Batches(
             self._commit_batch,
             max_batch=max_batch,
@@ -135,10 +139,21 @@ class GroupCommit:
     async def _transaction(self, requests: list[AppendRequest]) -> Batch:
         for attempt in range(_ATTEMPTS):
             committing = False
+            conn, self._begun = self._begun, None
+            if conn is None:
+                conn = await self._pool.acquire()
             try:
-                async with self._pool.acquire() as conn, conn.transaction():
-                    batch = await append_batch(conn, requests)
-                    committing = True  # leaving the block sends COMMIT
+                if not conn.is_in_transaction():
+                    await conn.execute("BEGIN")
+                batch = await append_batch(conn, requests)
+                committing = True
+                if self._batches.queued and not self._closed:
+                    # The next transaction is certain to follow (requests wait for it), so this COMMIT
+                    # begins it in the same round trip, and it starts with its lock statement.
+                    await conn.execute("COMMIT; BEGIN")
+                    self._begun, conn = conn, None
+                else:
+                    await conn.execute("COMMIT")
                 return batch
             except asyncpg.DeadlockDetectedError:
                 # only lockers outside our key order can cause one; the batch is still whole
@@ -155,7 +170,27 @@ class GroupCommit:
                 if not unsent or attempt == _ATTEMPTS - 1:
                     raise
                 log.info("group commit lost its connection before COMMIT was sent (%s); trying again on another", exc)
+            finally:
+                if conn is not None:
+                    await self._release(conn)
         raise AssertionError("unreachable")
+
+    async def _release(self, conn: asyncpg.pool.PoolConnectionProxy) -> None:
+        # a transaction that failed is rolled back here: the pool would too, but log it as a leak
+        try:
+            if not conn.is_closed() and conn.is_in_transaction():
+                await conn.execute("ROLLBACK")
+        except DB_UNAVAILABLE:
+            pass  # a dead connection: the pool replaces it
+        finally:
+            await self._pool.release(conn)
+
+    async def close(self) -> None:
+        """Give back the connection a busy moment left begun (the pool's close waits for it)."""
+        self._closed = True
+        conn, self._begun = self._begun, None
+        if conn is not None:
+            await self._release(conn)
 
 
 def _fail(waiters: list[_Waiter], exc: BaseException) -> None:
