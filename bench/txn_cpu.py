@@ -104,6 +104,7 @@ async def main(args: argparse.Namespace) -> None:
                 flush=True,
             )
         await hub.stop()
+        await group.close()
         await append_pool.close()
         await pool.close()
     finally:
