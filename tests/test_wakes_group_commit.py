@@ -6,6 +6,7 @@ import asyncio
 import os
 import subprocess
 import sys
+from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any
 
@@ -215,7 +216,7 @@ async def test_a_busy_commit_begins_the_next_transaction_and_a_quiet_one_leaves_
     alice = Principal("alice")
     name = "wfs-test-begun"
     pool = await create_pool(database_url, 1, 2, server_settings={"application_name": name})
-    group = GroupCommit(pool, WakeHub(PollOnly(), None, 3600), max_batch=2, gather_seconds=2.0)
+    group = GroupCommit(pool, WakeHub(PollOnly(), None, 3600), max_batch=2, gather_seconds=2.0, keep_seconds=3600)
 
     async def in_transaction(idle_for: float = 0.0) -> list[int]:
         query = """SELECT pid FROM pg_stat_activity WHERE application_name = $1 AND state = 'idle in transaction'
@@ -233,8 +234,15 @@ async def test_a_busy_commit_begins_the_next_transaction_and_a_quiet_one_leaves_
             )
             assert await db.fetchval("SELECT pg_terminate_backend($1)", begun)
             assert await asyncio.gather(*tasks) == [AppendResult(1, 1, False)] * 3
-            assert not await in_transaction()
+            assert not await in_transaction()  # c's batch was alone, with nothing queued: no BEGIN
             await group.close()
+            # the last batch of a burst, of several: its COMMIT begins a transaction that nothing takes,
+            # which is rolled back and given back after keep_seconds
+            brief = GroupCommit(pool, WakeHub(PollOnly(), None, 3600), keep_seconds=0.5)
+            pairs = [brief.append(AppendRequest("r", s, [_record(s)], alice)) for s in "ab"]
+            assert await asyncio.gather(*pairs) == [AppendResult(2, 2, False)] * 2
+            await eventually(lambda: in_transaction(idle_for=0.1), message="the burst's last COMMIT began nothing")
+            await eventually(lambda: _not(in_transaction()), message="the unused transaction was never given back")
             await pool.close()  # waits for every connection: one kept back would hang it
     finally:
         pool.terminate()
@@ -281,6 +289,10 @@ async def test_the_append_statements_never_scan_every_stream(database_url: str, 
     assert any(unbounded_scans(plan) for plan in await plans({"plan_cache_mode": "force_generic_plan"}))
     for plan in await plans(appends.CONNECTION_SETTINGS):
         assert unbounded_scans(plan) == [], plan
+
+
+async def _not(value: Awaitable[Any]) -> bool:
+    return not await value
 
 
 async def _blocked_by(db: asyncpg.Connection, pid: int) -> bool:

@@ -66,6 +66,11 @@ class GroupCommit:
     # x 32. A lone appender (a batch of one before it) never waits.
     GATHER_SECONDS = 0.0005
 
+    # How long a connection whose COMMIT began the next transaction waits for that transaction before it
+    # is rolled back and given back: the last commit of a burst keeps one, and nothing should be left
+    # idle inside a transaction after the burst (nor meet an idle_in_transaction_session_timeout).
+    KEEP_SECONDS = 0.1
+
     def __init__(
         self,
         pool: asyncpg.Pool,
@@ -74,6 +79,7 @@ class GroupCommit:
         max_batch: int = 512,
         max_inflight: int = MAX_INFLIGHT,
         gather_seconds: float = GATHER_SECONDS,
+        keep_seconds: float = KEEP_SECONDS,
     ) -> None:
         self._pool = pool
         self._hub = hub
@@ -82,7 +88,10 @@ class GroupCommit:
         self._last_batch = 0  # requests in the batch taken last
         # A connection whose COMMIT began the next transaction, kept for it: under load every transaction
         # would otherwise open with a BEGIN round trip of its own (see _transaction).
+        self._keep_seconds = keep_seconds
         self._begun: asyncpg.pool.PoolConnectionProxy | None = None
+        self._give_back: asyncio.TimerHandle | None = None
+        self._giving_back: set[asyncio.Task[None]] = set()
         self._closed = False
         self._batches: Batches[_Waiter] = Batches(
             self._commit_batch,
@@ -139,19 +148,21 @@ class GroupCommit:
     async def _transaction(self, requests: list[AppendRequest]) -> Batch:
         for attempt in range(_ATTEMPTS):
             committing = False
-            conn, self._begun = self._begun, None
-            if conn is None:
-                conn = await self._pool.acquire()
+            conn = self._take_begun() or await self._pool.acquire()
             try:
                 if not conn.is_in_transaction():
                     await conn.execute("BEGIN")
                 batch = await append_batch(conn, requests)
                 committing = True
-                if self._batches.queued and not self._closed:
-                    # The next transaction is certain to follow (requests wait for it), so this COMMIT
-                    # begins it in the same round trip, and it starts with its lock statement.
+                if (self._batches.queued or len(requests) > 1) and not self._closed:
+                    # Busy (requests wait, or this batch carried several): the next transaction is
+                    # likely to follow at once, so this COMMIT begins it in the same round trip, and it
+                    # opens with its lock statement. Keeping only when requests were queued at COMMIT
+                    # caught half the transactions at 32 connections: their next requests were still on
+                    # the way. An unused one is given back after KEEP_SECONDS.
                     await conn.execute("COMMIT; BEGIN")
-                    self._begun, conn = conn, None
+                    self._keep_begun(conn)
+                    conn = None
                 else:
                     await conn.execute("COMMIT")
                 return batch
@@ -185,12 +196,31 @@ class GroupCommit:
         finally:
             await self._pool.release(conn)
 
+    def _keep_begun(self, conn: asyncpg.pool.PoolConnectionProxy) -> None:
+        self._begun = conn
+        self._give_back = asyncio.get_running_loop().call_later(self._keep_seconds, self._give_back_unused, conn)
+
+    def _take_begun(self) -> asyncpg.pool.PoolConnectionProxy | None:
+        conn, self._begun = self._begun, None
+        if self._give_back is not None:
+            self._give_back.cancel()
+            self._give_back = None
+        return conn
+
+    def _give_back_unused(self, conn: asyncpg.pool.PoolConnectionProxy) -> None:
+        if self._begun is conn:  # not taken meanwhile
+            self._take_begun()
+            task = asyncio.create_task(self._release(conn), name="wfs-group-commit-give-back")
+            self._giving_back.add(task)
+            task.add_done_callback(self._giving_back.discard)
+
     async def close(self) -> None:
         """Give back the connection a busy moment left begun (the pool's close waits for it)."""
         self._closed = True
-        conn, self._begun = self._begun, None
+        conn = self._take_begun()
         if conn is not None:
             await self._release(conn)
+        await asyncio.gather(*self._giving_back)
 
 
 def _fail(waiters: list[_Waiter], exc: BaseException) -> None:
