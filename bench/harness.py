@@ -18,7 +18,7 @@ from typing import Any
 
 import aiohttp
 
-from workflow_streams.local.process import Process, workflow_streams
+from workflow_streams.local.process import Process, listening_sockets, workflow_streams
 from workflow_streams.localpg import LocalPostgres, find_bindir, free_port
 from workflow_streams.store.migrate import apply_migrations
 
@@ -155,21 +155,6 @@ def pg_tool(pg: LocalPostgres, name: str, *args: str, check: bool = True) -> sub
 
 def postmaster_pid(pg: LocalPostgres) -> int:
     return int((pg.datadir / "postmaster.pid").read_text().split()[0])
-
-
-def listening_sockets(port: int) -> int:
-    """Sockets listening on ``port`` (each ``serve`` worker has its own, SO_REUSEPORT), from /proc/net."""
-    count = 0
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            lines = Path(table).read_text().splitlines()[1:]
-        except OSError:
-            continue
-        for line in lines:
-            fields = line.split()
-            if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:  # 0A: LISTEN
-                count += 1
-    return count
 
 
 class Server:

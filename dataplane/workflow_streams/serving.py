@@ -6,6 +6,8 @@ own pool, group commit and wake source; they meet only in Postgres, exactly like
 machines do. The parent only supervises: it forwards SIGTERM/SIGINT, and if a worker dies it stops
 the others and exits with that worker's status, so the pod restarts whole rather than limping along.
 Workers die with the parent (PR_SET_PDEATHSIG), so a killed parent never leaves orphans serving.
+Each worker listens before its app starts, and ``/readyz`` says ready only once all N have started:
+a connection opened while one was still starting would otherwise land on the others for its life.
 
 A scrape of ``/metrics`` lands on any worker, so the parent gives them prometheus_client's multiprocess
 mode: a private directory, named in ``PROMETHEUS_MULTIPROC_DIR`` before the workers start, where each
@@ -25,9 +27,11 @@ import multiprocessing.connection
 import os
 import shutil
 import signal
+import socket
 import sys
 import tempfile
 from collections.abc import Iterator
+from multiprocessing.sharedctypes import Synchronized
 from pathlib import Path
 from types import FrameType
 
@@ -61,7 +65,7 @@ def serve(settings: Settings) -> int:
     """Serve until SIGTERM/SIGINT; returns the exit status."""
     workers = worker_count(settings)
     if workers == 1:
-        _run(settings, reuse_port=False)
+        _run(settings)
         return 0
     with _multiprocess_metrics() as metrics_dir:
         return _supervise(settings, workers, metrics_dir)
@@ -71,8 +75,14 @@ def _supervise(settings: Settings, workers: int, metrics_dir: Path | None) -> in
     # spawn: the workers inherit os.environ as it is now, PROMETHEUS_MULTIPROC_DIR included, and import
     # prometheus_client afresh, so their metrics are born in multiprocess mode
     context = multiprocessing.get_context("spawn")  # a clean interpreter: no inherited event loop
+    started = context.Value("i", 0)  # workers started (their readiness counts them: _Siblings)
     processes = [
-        context.Process(target=_worker, args=(settings, os.getpid()), name=f"wfs-serve-{i}", daemon=False)
+        context.Process(
+            target=_worker,
+            args=(settings, os.getpid(), _Siblings(started, workers)),
+            name=f"wfs-serve-{i}",
+            daemon=False,
+        )
         for i in range(workers)
     ]
     for process in processes:
@@ -157,14 +167,29 @@ def _remove_abandoned(base: Path) -> None:
         shutil.rmtree(directory, ignore_errors=True)
 
 
-def _worker(settings: Settings, parent: int) -> None:
+class _Siblings:
+    """The workers of one ``serve``, counted in shared memory as each starts (``api.app.Siblings``)."""
+
+    def __init__(self, started: Synchronized[int], workers: int) -> None:
+        self._started = started
+        self._workers = workers
+
+    def started(self) -> None:
+        with self._started.get_lock():
+            self._started.value += 1
+
+    def starting(self) -> int:
+        return max(0, self._workers - self._started.value)
+
+
+def _worker(settings: Settings, parent: int, siblings: _Siblings) -> None:
     # die with the parent, whatever killed it: no orphan keeps serving the port
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != parent:  # the parent died before prctl took effect (it may be PID 1 itself)
         sys.exit(1)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(process)d %(name)s: %(message)s")
-    _run(dataclasses.replace(settings, workers=1), reuse_port=True)
+    _run(dataclasses.replace(settings, workers=1), siblings=siblings)
 
 
 def tune_gc() -> None:
@@ -181,12 +206,20 @@ def tune_gc() -> None:
     gc.set_threshold(50_000, 20, 100)
 
 
-def _run(settings: Settings, *, reuse_port: bool) -> None:
+def _listen(settings: Settings) -> socket.socket:
+    """A worker's own socket on the shared port, listening at once: it counts as started only after its
+    app has (``_Siblings``), so when every worker has started, every worker listens."""
+    family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
+    return socket.create_server((settings.host, settings.port), family=family, backlog=LISTEN_BACKLOG, reuse_port=True)
+
+
+def _run(settings: Settings, *, siblings: _Siblings | None = None) -> None:
     from .api.app import create_app
 
     tune_gc()
+    sock = _listen(settings) if siblings is not None else None
     web.run_app(
-        create_app(settings),
+        create_app(settings, siblings=siblings),
         # uvloop (libuv, by asyncpg's authors) runs the event loop, its transports and callbacks in C: at
         # 1,000 streams x 32 connections 4,832 -> 5,224 appends/s, x 128 7,233 -> 7,725/s. It was reverted
         # once because it doubled the cost of connecting 10,000 subscribers (their first reads stopped
@@ -194,10 +227,10 @@ def _run(settings: Settings, *, reuse_port: bool) -> None:
         # (runtime.reads): after appends, as in the full run, the connect took 2.8-3.2 s on uvloop and
         # 2.1-2.4 s on asyncio's loop, and takes 1.8-2.0 s now (bench README, items 15, 18 and 20)
         loop=uvloop.new_event_loop(),
-        host=settings.host,
-        port=settings.port,
+        host=None if sock else settings.host,
+        port=None if sock else settings.port,
+        sock=sock,
         access_log=None,
-        reuse_port=reuse_port,
         backlog=LISTEN_BACKLOG,
-        print=None if reuse_port else print,  # one "running on" line, not N
+        print=None if siblings is not None else print,  # one "running on" line, not N
     )

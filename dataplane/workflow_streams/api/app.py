@@ -10,7 +10,7 @@ import logging
 import time
 import weakref
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, Protocol
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram
@@ -80,7 +80,26 @@ async def _health(request: web.Request) -> web.Response:
     return web.json_response({"status": "ok"})
 
 
+class Siblings(Protocol):
+    """The other worker processes of ``serve --workers N`` (``serving``), as readiness sees them."""
+
+    def started(self) -> None:
+        """This worker is listening and its startup is done."""
+
+    def starting(self) -> int:
+        """Workers (of all N) not yet started."""
+
+
+SIBLINGS = web.AppKey("workflow_streams_siblings", Siblings)
+
+
 async def _ready(request: web.Request) -> web.Response:
+    # Ready once every worker serves, not only the one answering: keep-alive connections opened while
+    # another still starts would all stay on the first (the kernel gives a new connection only to a
+    # socket that listens then), for as long as they live.
+    siblings = request.app.get(SIBLINGS)
+    if siblings is not None and (starting := siblings.starting()):
+        return web.json_response({"status": f"{starting} worker process(es) still starting"}, status=503)
     state = request.app[STATE]
     async with state.pool.acquire() as conn:
         await conn.fetchval("SELECT 1")
@@ -114,10 +133,12 @@ def _add_routes(router: web.UrlDispatcher, prefix: str, table: web.RouteTableDef
         router.add_route(route.method, prefix + route.path, route.handler, **route.kwargs)
 
 
-def create_app(settings: Settings) -> web.Application:
+def create_app(settings: Settings, *, siblings: Siblings | None = None) -> web.Application:
     app = web.Application(
         client_max_size=settings.max_request_bytes, middlewares=[metrics_middleware, problem_middleware]
     )
+    if siblings is not None:
+        app[SIBLINGS] = siblings
 
     async def resources(app: web.Application) -> AsyncIterator[None]:
         payloadlog.install(settings.region)
@@ -190,6 +211,12 @@ def create_app(settings: Settings) -> web.Application:
     app.on_shutdown.append(subscribe.close_open_streams)
     app.cleanup_ctx.append(resources)
     app.cleanup_ctx.append(subscribe.cut_stalled)
+    if siblings is not None:
+
+        async def started(app: web.Application) -> None:  # after the cleanup contexts' startup
+            siblings.started()
+
+        app.on_startup.append(started)
     app.router.add_get("/healthz", _health)
     app.router.add_get("/readyz", _ready)
     app.router.add_get("/metrics", _metrics)

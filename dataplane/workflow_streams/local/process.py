@@ -61,6 +61,22 @@ def http_ok(url: str, *, ssl_context: ssl.SSLContext | None = None, timeout: flo
         return False
 
 
+def listening_sockets(port: int) -> int:
+    """Sockets listening on ``port`` on this machine (each ``serve`` worker has its own, SO_REUSEPORT),
+    from /proc/net (Linux)."""
+    count = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:  # 0A: LISTEN
+                count += 1
+    return count
+
+
 def wait_until(
     ready: Callable[[], bool],
     *,
