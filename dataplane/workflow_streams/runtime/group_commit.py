@@ -7,6 +7,10 @@ process therefore commits each append at once, and a busy one pays a transaction
 WAL flush once per batch instead of once per request: with 1,000 streams that is the difference between
 1,000 transactions and a handful.
 
+A transaction is three round trips under load: the lock statement, the write, and a COMMIT that also
+begins the next transaction on the same connection (its BEGIN would be a round trip of its own, and
+each round trip is mostly the wait for a busy event loop: bench README, item 28).
+
 After COMMIT returns, the batch's wake signals are published (this process's subscribers wake at once;
 other processes hear through the wake source, of the streams some process watches: ``runtime.interest``).
 Nothing is announced before it is durable.
