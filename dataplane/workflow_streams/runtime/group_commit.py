@@ -152,8 +152,10 @@ class GroupCommit:
     async def _transaction(self, requests: list[AppendRequest]) -> Batch:
         for attempt in range(_ATTEMPTS):
             committing = False
-            conn = self._take_begun() or await self._pool.acquire()
+            conn = self._take_begun()
             try:
+                if conn is None:  # inside the try: a connection that cannot be had is retried like a lost one
+                    conn = await self._pool.acquire()
                 if not conn.is_in_transaction():
                     await conn.execute("BEGIN")
                 batch = await append_batch(conn, requests)
