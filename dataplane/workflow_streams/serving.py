@@ -227,8 +227,8 @@ def _run(settings: Settings, *, siblings: _Siblings | None = None) -> None:
         # (runtime.reads): after appends, as in the full run, the connect took 2.8-3.2 s on uvloop and
         # 2.1-2.4 s on asyncio's loop, and takes 1.8-2.0 s now (bench README, items 15, 18 and 20)
         loop=uvloop.new_event_loop(),
-        host=None if sock else settings.host,
-        port=None if sock else settings.port,
+        host=None if sock is not None else settings.host,
+        port=None if sock is not None else settings.port,
         sock=sock,
         access_log=None,
         backlog=LISTEN_BACKLOG,
