@@ -2,7 +2,8 @@
 
 How every "A/B on one Postgres" figure in bench/README.md was taken. Each variant is a source tree (a
 ``git worktree`` at the commit to compare; its ``dataplane`` goes first on ``PYTHONPATH``) and optional
-environment for its server (``W:1`` sets its worker count). Each round starts a fresh
+environment for its server (``W:1`` sets its worker count, ``PY:/path/to/python`` the interpreter, whose
+environment must have the dependencies). Each round starts a fresh
 ``workflow-streams serve`` per variant, in an order that rotates between rounds, and drives every case
 with wfs-loadgen; the medians over rounds come last. Short rounds on a shared 2-core machine vary by
 ±5-15 %: compare medians of several rounds, and CPU per append beside the rate.
@@ -61,10 +62,15 @@ class Variant:
         return cls(label, Path(tree).resolve(), env)
 
     def server(self, dsn: str, log_dir: Path, default_workers: int) -> Server:
-        env = {k: v for k, v in self.env.items() if k != "W"}
+        env = {k: v for k, v in self.env.items() if k not in ("W", "PY")}
         workers = int(self.env.get("W", default_workers))
         return Server(
-            dsn, log_dir / f"{self.label}.log", workers=workers, PYTHONPATH=str(self.tree / "dataplane"), **env
+            dsn,
+            log_dir / f"{self.label}.log",
+            workers=workers,
+            python=self.env.get("PY"),
+            PYTHONPATH=str(self.tree / "dataplane"),
+            **env,
         )
 
 

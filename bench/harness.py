@@ -161,10 +161,12 @@ class Server:
     """``workflow-streams serve`` in its own process, as in production; ``workers`` passes
     ``--workers N`` through when given."""
 
-    def __init__(self, dsn: str, log: Path, workers: int | None = None, **env: str) -> None:
+    def __init__(self, dsn: str, log: Path, workers: int | None = None, python: str | None = None, **env: str) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         command = workflow_streams("serve")
+        if python is not None:  # another interpreter (bench.ab's PY:)
+            command[0] = python
         if workers is not None:
             command += ["--workers", str(workers)]
         raise_open_files_limit()  # the server inherits it: 10,000 subscribers are 10,000 sockets

@@ -80,17 +80,19 @@ async def main(args: argparse.Namespace) -> None:
         collapsed = out / "profile.collapsed"
         spy: list[subprocess.Popen[bytes]] = []
 
-        target = ["--pid", str(server.process.pid), "--nonblocking", "--subprocesses"]
+        target = ["--pid", str(server.process.pid), "--subprocesses"]
+        # --native: C and Cython frames too (asyncpg's protocol, uvloop); py-spy then has to stop the
+        # process for each sample, so it slows the server and figures are for shares only
+        target.append("--native" if args.native else "--nonblocking")
+
+        if args.perf:  # the whole machine, kernel included: perf's software clock, every process
+            command = ["perf", "record", "-a", "-g", "-F", "499", "-e", "cpu-clock", "-o", str(out / "perf.data")]
+        else:
+            command = [_pyspy(), "record", "--format", "raw", "-o", str(collapsed), "-r", "200", *target]
 
         def on_phase(phase: str) -> None:
             if phase in (args.phase, "measuring") and not spy:
-                spy.append(
-                    subprocess.Popen(
-                        [_pyspy(), "record", "--format", "raw", "-o", str(collapsed), "-r", "200", *target],
-                        stdout=subprocess.DEVNULL,
-                        stderr=subprocess.DEVNULL,
-                    )
-                )
+                spy.append(subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
 
         flags: dict[str, object] = {"run": run, "streams": args.streams, "duration": f"{args.seconds}s"}
         if args.mode == "sse":
@@ -129,6 +131,12 @@ if __name__ == "__main__":
         default=0,
         metavar="SECONDS",
         help="first append to 1,000 streams over 32 connections for this long, unrecorded",
+    )
+    parser.add_argument("--native", action="store_true", help="py-spy --native: C and Cython frames too")
+    parser.add_argument(
+        "--perf",
+        action="store_true",
+        help="perf record -a, not py-spy: every process and the kernel (perf.data; perf report --sort comm,dso)",
     )
     parser.add_argument("--out", default=tempfile.mkdtemp(prefix="wfs-profile-"))
     asyncio.run(main(parser.parse_args()))
