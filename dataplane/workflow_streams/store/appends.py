@@ -53,13 +53,6 @@ class AppendResult:
     last_sequence: int
     replayed: bool
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "first_sequence": self.first_sequence,
-            "last_sequence": self.last_sequence,
-            "sequences": list(range(self.first_sequence, self.last_sequence + 1)),
-        }
-
 
 @dataclass
 class AppendRequest:
