@@ -35,6 +35,12 @@ def _all_per_append(row: dict[str, Any]) -> str:
     return f"{cores / row['appends_per_s'] * 1e6:,.0f}"
 
 
+def _around(around: list[dict[str, int]] | None) -> str:
+    if not around:
+        return "-"
+    return ", ".join(f"{a['tps']:,}" + (f" ({a['autovacuums']} av)" if a["autovacuums"] else "") for a in around)
+
+
 def _pgbench_cpu(cpu: dict[str, Any] | None) -> str:
     if not cpu:
         return ""
@@ -67,6 +73,7 @@ def _bare(bare: dict[str, Any] | None) -> list[str]:
 def write_report(results: dict[str, Any], out: Path) -> None:
     m, c = results["machine"], results["ceilings"]
     workers = results.get("workers")
+    timing = results.get("timing", {})
     lines = [
         "# workflow-streams benchmark",
         "",
@@ -90,15 +97,22 @@ def write_report(results: dict[str, Any], out: Path) -> None:
         *_bare(c.get("bare")),
         "## Appends: one 100 B record per request, random stream, keep-alive connections",
         "",
-        "| case | appends/s | / pgbench -N | / append txn | / with notify | / bare server | p50 ms | p99 ms | max ms "
+        "/ pgbench -N is the ratio to the ceiling above, measured first; / pgbench -N around, to the mean of "
+        "pgbench -N run again before and after the case "
+        f"({timing.get('around_seconds', '?')} s each, after {timing.get('around_settle', '?')} s of quiet; their "
+        "tps, and autovacuum runs during each, in the next column): the machine's speed drifts within minutes.",
+        "",
+        "| case | appends/s | / pgbench -N | / pgbench -N around | pgbench -N before, after | / append txn "
+        "| / with notify | / bare server | p50 ms | p99 ms | max ms "
         "| errors | generator CPU | server CPU | Postgres CPU | server CPU µs / append | all CPU µs / append "
         "| autovacuum runs | appends / transaction |",
-        "| --- " + "| ---: " * 8 + "| --- " + "| ---: " * 7 + "|",
+        "| --- " + "| ---: " * 3 + "| --- " + "| ---: " * 6 + "| --- " + "| ---: " * 7 + "|",
     ]
     for r in results["appends"]:
         lat = r["latency_ms"]
         lines.append(
-            f"| {r['case']} | {r['appends_per_s']:,} | {r['x_pgbench_simple']} | {r['x_pgbench_append']} | "
+            f"| {r['case']} | {r['appends_per_s']:,} | {r['x_pgbench_simple']} | {r.get('x_pgbench_around', '-')} | "
+            f"{_around(r.get('pgbench_around'))} | {r['x_pgbench_append']} | "
             f"{r['x_pgbench_append_notify']} | {r.get('x_bare', '-')} | {_ms(lat, 'p50')} | {_ms(lat, 'p99')} | "
             f"{_ms(lat, 'max')} | {_errors(r['errors'])} | {r['generator_cores']} | {r['server_cores']} | "
             f"{r['postgres_cores']} | {_per_append(r)} | {_all_per_append(r)} | {r.get('autovacuums', '?')} | "

@@ -42,14 +42,32 @@ class Timing:
     """How long each measurement runs: ``--quick`` or full."""
 
     pgbench_seconds: int
+    around_seconds: int  # pgbench -N before each append case and after the last (``appends``)
+    around_settle: float  # ... each after this pause: right after a case it reads ~5 % low
     append_warmup: float
     append_seconds: float
     sse_seconds: float
     catch_up_records: int
 
 
-QUICK = Timing(pgbench_seconds=5, append_warmup=1.0, append_seconds=4.0, sse_seconds=5.0, catch_up_records=20_000)
-FULL = Timing(pgbench_seconds=20, append_warmup=3.0, append_seconds=20.0, sse_seconds=30.0, catch_up_records=50_000)
+QUICK = Timing(
+    pgbench_seconds=5,
+    around_seconds=3,
+    around_settle=3.0,
+    append_warmup=1.0,
+    append_seconds=4.0,
+    sse_seconds=5.0,
+    catch_up_records=20_000,
+)
+FULL = Timing(
+    pgbench_seconds=20,
+    around_seconds=10,
+    around_settle=10.0,
+    append_warmup=3.0,
+    append_seconds=20.0,
+    sse_seconds=30.0,
+    catch_up_records=50_000,
+)
 
 # (streams, connections)
 APPEND_CASES = [(1, 8), (1, 32), (1, 128), (1000, 8), (1000, 32), (1000, 128)]
@@ -90,6 +108,11 @@ def _pgbench_cpu(pg: LocalPostgres, *args: str) -> dict[str, float]:
         "postgres_cores": round(server / wall, 3),
         "cpu_us_per_txn": round((client + server) / transactions * 1e6) if transactions else float("nan"),
     }
+
+
+def simple_update_tps(pg: LocalPostgres, seconds: int, clients: int = 32) -> float:
+    """pgbench ``-N`` again, on the database ``pgbench_ceilings`` made."""
+    return _pgbench_cpu(pg, "-N", "-n", "-c", str(clients), "-j", "2", "-T", str(seconds), "pgbench")["tps"]
 
 
 def pgbench_ceilings(pg: LocalPostgres, seconds: int, clients: int = 32, streams: int = 1000) -> dict[str, Any]:
@@ -155,6 +178,10 @@ async def appends(server: Server, pg: LocalPostgres, timing: Timing, ceilings: d
     base = server.url + PREFIX
     runs: dict[int, str] = {}
     out = []
+    # The machine's speed drifts by tens of percent within minutes (a VM sharing its host), and the run's
+    # first ceiling is minutes older than the last case: pgbench -N also runs before each case and after
+    # the last, and each case is set beside the mean of the two around it as well.
+    around = [await _around(pg, timing)]
     for streams, conns in APPEND_CASES:
         if streams not in runs:
             runs[streams] = f"a{streams}-{uuid.uuid4().hex[:8]}"
@@ -174,26 +201,34 @@ async def appends(server: Server, pg: LocalPostgres, timing: Timing, ceilings: d
             duration=f"{timing.append_seconds}s",
         )
         rate = report["appends_per_s"]
+        measured = meter.between("measuring", "measured")
+        vacuums_after = await autovacuums(pg.dsn)
+        around.append(await _around(pg, timing))
+        before, after = around[-2], around[-1]
         row = {
             "case": f"{streams:,} stream{'s' if streams > 1 else ''} x {conns} connections",
             "streams": streams,
             "connections": conns,
             "appends_per_s": round(rate),
             "x_pgbench_simple": _ratio(rate, ceilings["simple_update_tps"]),
+            # pgbench -N right before and right after the case (autovacuum runs during each beside it)
+            "pgbench_around": [before, after],
+            "x_pgbench_around": _ratio(rate, (before["tps"] + after["tps"]) / 2),
             "x_pgbench_append": _ratio(rate, ceilings["append_tps"]),
             "x_pgbench_append_notify": _ratio(rate, ceilings["append_notify_tps"]),
             "latency_ms": report["latency_ms"],
             "errors": report["errors"],
             "generator_cores": report["cpu_share"],
-            **meter.between("measuring", "measured"),
+            **measured,
             # Postgres' own background work in the case (warm-up included): part of its CPU column
-            "autovacuums": await autovacuums(pg.dsn) - vacuums,
+            "autovacuums": vacuums_after - vacuums,
             "appends_per_transaction": appends_per_transaction(commits, await group_commits(server.url)),
             "generator": report,
         }
         out.append(row)
         print(
-            f"  append {row['case']}: {rate:,.0f}/s (x{row['x_pgbench_simple']} pgbench -N), "
+            f"  append {row['case']}: {rate:,.0f}/s (x{row['x_pgbench_simple']} pgbench -N, "
+            f"x{row['x_pgbench_around']} the {before['tps']:,} and {after['tps']:,} tps around it), "
             f"p50 {report['latency_ms']['p50']:.1f} ms p99 {report['latency_ms']['p99']:.1f} ms, "
             f"errors {report['errors'] or 0}; CPU cores: generator {report['cpu_share']}, "
             f"server {row['server_cores']}, postgres {row['postgres_cores']} "
@@ -202,6 +237,17 @@ async def appends(server: Server, pg: LocalPostgres, timing: Timing, ceilings: d
             flush=True,
         )
     return out
+
+
+async def _around(pg: LocalPostgres, timing: Timing) -> dict[str, int]:
+    """pgbench -N between two append cases, with the autovacuum runs that finished meanwhile. After a
+    pause: right after 10 s of appends at 1,000 x 32, pgbench -N read 5,922 and 6,046 tps where it had
+    read 6,249-6,326 before them and 6,173-6,332 after 10 s of quiet (the case's dirty buffers, WAL and
+    vacuum still being written), which would have flattered the case beside it."""
+    await settle(timing.around_settle)
+    vacuums = await autovacuums(pg.dsn)
+    tps = await asyncio.to_thread(simple_update_tps, pg, timing.around_seconds)
+    return {"tps": round(tps), "autovacuums": await autovacuums(pg.dsn) - vacuums}
 
 
 async def autovacuums(dsn: str) -> int:
