@@ -24,8 +24,9 @@ from .state import principal_of, state_of
 routes = web.RouteTableDef()
 
 DEFAULT_LIMIT = 100
-_REPLAYED_HEADERS = {**JSON_HEADERS, "Idempotent-Replayed": "true"}
 MAX_LIMIT = 1000
+
+_REPLAYED_HEADERS = {**JSON_HEADERS, "Idempotent-Replayed": "true"}
 
 
 async def _input_stream(
