@@ -249,6 +249,40 @@ async def test_a_busy_commit_begins_the_next_transaction_and_a_quiet_one_leaves_
     assert [r["data"] for r in await api.read_all("r", "c")] == ["c"]
 
 
+async def test_requests_retried_alone_at_once_leave_no_transaction_open(
+    api: StreamsApi, database_url: str, db: asyncpg.Connection
+) -> None:
+    """A batch Postgres refuses is retried request by request, all at once; with requests waiting, each
+    retry's COMMIT begins the next transaction. Only one begun connection can be kept: the others must
+    go back to the pool, not stay inside a transaction for the life of the process."""
+    for stream in "abd":
+        assert (await api.create("r", stream)).status == 201
+    alice = Principal("alice")
+    name = "wfs-test-retried"
+    pool = await create_pool(database_url, 1, 3, server_settings={"application_name": name})
+    group = GroupCommit(pool, WakeHub(PollOnly(), None, 3600), max_batch=3, keep_seconds=3600)
+    # inline bytes and an object at once: the records table's CHECK refuses it, and with it the batch
+    refused = RecordIn("application/json", b'"x"', {"size": 3})
+    try:
+        async with asyncio.timeout(15):
+            batch = [group.append(AppendRequest("r", s, [_record(s)], alice)) for s in "ab"]
+            bad = group.append(AppendRequest("r", "a", [refused], alice))
+            waiting = group.append(AppendRequest("r", "d", [_record("d")], alice))  # queued behind the batch
+            assert await asyncio.gather(*batch) == [AppendResult(1, 1, False)] * 2
+            with pytest.raises(asyncpg.CheckViolationError):
+                await bad
+            assert await waiting == AppendResult(1, 1, False)
+            await group.close()  # gives back the begun connection it kept
+            idle = await db.fetch(
+                "SELECT pid FROM pg_stat_activity WHERE application_name = $1 AND state = 'idle in transaction'",
+                name,
+            )
+            assert idle == [], "a retry's begun connection was dropped inside its transaction"
+            await pool.close()
+    finally:
+        pool.terminate()
+
+
 async def test_the_append_statements_never_scan_every_stream(database_url: str, db: asyncpg.Connection) -> None:
     """A generic plan is made once per connection, from the statistics of that moment, and kept. Made
     while the table held two streams, the lock statement's plan walked every stream row (a merge join over

@@ -204,6 +204,9 @@ class GroupCommit:
             await self._pool.release(conn)
 
     def _keep_begun(self, conn: asyncpg.pool.PoolConnectionProxy) -> None:
+        # Transactions can run at once (a refused batch is retried request by request), and each may begin
+        # the next: one is kept, the one it replaces goes back (dropped, it stayed in its transaction).
+        self._give_back_soon(self._take_begun())
         self._begun = conn
         self._give_back = asyncio.get_running_loop().call_later(self._keep_seconds, self._give_back_unused, conn)
 
@@ -216,7 +219,10 @@ class GroupCommit:
 
     def _give_back_unused(self, conn: asyncpg.pool.PoolConnectionProxy) -> None:
         if self._begun is conn:  # not taken meanwhile
-            self._take_begun()
+            self._give_back_soon(self._take_begun())
+
+    def _give_back_soon(self, conn: asyncpg.pool.PoolConnectionProxy | None) -> None:
+        if conn is not None:
             task = asyncio.create_task(self._release(conn), name="wfs-group-commit-give-back")
             self._giving_back.add(task)
             task.add_done_callback(self._giving_back.discard)
