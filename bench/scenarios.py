@@ -110,19 +110,23 @@ def _pgbench_cpu(pg: LocalPostgres, *args: str) -> dict[str, float]:
     }
 
 
-def simple_update_tps(pg: LocalPostgres, seconds: int, clients: int = 32) -> float:
-    """pgbench ``-N`` again, on the database ``pgbench_ceilings`` made."""
-    return _pgbench_cpu(pg, "-N", "-n", "-c", str(clients), "-j", "2", "-T", str(seconds), "pgbench")["tps"]
+def _clients(clients: int, seconds: int) -> list[str]:
+    return ["-n", "-c", str(clients), "-j", "2", "-T", str(seconds)]
+
+
+def _simple_update(pg: LocalPostgres, seconds: int, clients: int = 32) -> dict[str, float]:
+    """pgbench ``-N`` on the database ``pgbench_ceilings`` made: first there, then around each append case."""
+    return _pgbench_cpu(pg, "-N", *_clients(clients, seconds), "pgbench")
 
 
 def pgbench_ceilings(pg: LocalPostgres, seconds: int, clients: int = 32, streams: int = 1000) -> dict[str, Any]:
     """The commit rate Postgres itself reaches on this machine, with 32 clients: pgbench's simple
     update (``-N``), and exactly our append transaction on 1,000 streams, without and with the
     in-transaction ``pg_notify`` the server sends today."""
-    run = ["-n", "-c", str(clients), "-j", "2", "-T", str(seconds)]
+    run = _clients(clients, seconds)
     pg_tool(pg, "createdb", "pgbench", check=False)  # exists already on a second call
     pg_tool(pg, "pgbench", "-i", "-s", "1", "-q", "pgbench")
-    simple_run = _pgbench_cpu(pg, "-N", *run, "pgbench")
+    simple_run = _simple_update(pg, seconds, clients)
     simple = simple_run["tps"]
     print(
         f"  pgbench -N, {clients} clients: {simple:,.0f} tps; CPU cores: pgbench {simple_run['client_cores']}, "
@@ -246,8 +250,8 @@ async def _around(pg: LocalPostgres, timing: Timing) -> dict[str, int]:
     vacuum still being written), which would have flattered the case beside it."""
     await settle(timing.around_settle)
     vacuums = await autovacuums(pg.dsn)
-    tps = await asyncio.to_thread(simple_update_tps, pg, timing.around_seconds)
-    return {"tps": round(tps), "autovacuums": await autovacuums(pg.dsn) - vacuums}
+    run = await asyncio.to_thread(_simple_update, pg, timing.around_seconds)
+    return {"tps": round(run["tps"]), "autovacuums": await autovacuums(pg.dsn) - vacuums}
 
 
 async def autovacuums(dsn: str) -> int:
