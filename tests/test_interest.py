@@ -67,6 +67,9 @@ def _append(group: GroupCommit, stream: str) -> asyncio.Future[object]:
 
 async def _mark_waits_for(db: asyncpg.Connection) -> bool:
     """Whether some backend's mark statement waits for a lock that ``db``'s backend holds."""
+    # Inside a transaction Postgres answers pg_stat_activity from a snapshot taken at its first use
+    # there: without this, a first look taken before the mark was sent would be the answer for good.
+    await db.execute("SELECT pg_stat_clear_snapshot()")
     return bool(
         await db.fetchval(
             """SELECT count(*) > 0 FROM pg_stat_activity
@@ -97,6 +100,7 @@ async def test_a_mark_waits_for_the_append_holding_the_row_and_later_appends_ann
                         entered.set()
                         await asyncio.Event().wait()  # held until cancelled
 
+                assert not await _mark_waits_for(db)  # a first look before the mark: later ones see afresh
                 watcher = asyncio.create_task(watch())
                 await eventually(lambda: _mark_waits_for(db), message="the mark did not wait for the row lock")
                 assert not entered.is_set()
