@@ -12,7 +12,11 @@ COMMIT, its callers get a 503 and retry with their Idempotency-Key.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import urllib.parse
+from collections.abc import AsyncIterator
+from typing import Any
 
 import asyncpg
 import pytest
@@ -20,6 +24,7 @@ import pytest
 from tests.support import SseReader, StreamsApi, problem
 from tests.test_sse import subscribe
 from tests.waiting import eventually
+from workflow_streams.api.app import create_app
 
 APPENDERS = 12
 APPENDS_EACH = 40
@@ -137,3 +142,76 @@ async def test_a_read_that_meets_a_killed_connection_is_run_again(
     assert resp.status == 200, await resp.text()
     assert [r["data"] for r in (await resp.json())["records"]] == [{"n": 1}]
     assert any("met a lost database connection" in m for m in caplog.messages)
+
+
+class _Relay:
+    """A TCP relay to Postgres that can hold back the end of a backend's connection: the server then
+    reads a killed backend's last words (its FATAL) and not yet the close, as when the backend takes a
+    while to exit. asyncpg's connection is then neither usable nor closed."""
+
+    def __init__(self, port: int) -> None:
+        self._port = port
+        self.closing = asyncio.Event()  # released: closes pass through
+        self.held = 0  # backends' closes being held back
+        self._server: asyncio.Server | None = None
+
+    async def start(self) -> int:
+        self._server = await asyncio.start_server(self._relay, "127.0.0.1", 0)
+        return int(self._server.sockets[0].getsockname()[1])
+
+    async def stop(self) -> None:
+        self.closing.set()
+        if self._server is not None:
+            self._server.close()
+
+    async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self._port)
+
+        async def pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter, hold: bool) -> None:
+            with contextlib.suppress(OSError):
+                while data := await src.read(65536):
+                    dst.write(data)
+                    await dst.drain()
+                if hold and not self.closing.is_set():
+                    self.held += 1
+                    await self.closing.wait()
+            dst.close()
+
+        await asyncio.gather(pump(reader, up_writer, False), pump(up_reader, writer, True))
+
+
+@pytest.fixture
+async def relay(database_url: str) -> AsyncIterator[tuple[_Relay, str]]:
+    """A relay to the test's database and the DSN through it (set up before the app, so it outlives it)."""
+    dsn = urllib.parse.urlsplit(database_url)
+    relay = _Relay(dsn.port or 5432)
+    port = await relay.start()
+    yield relay, dsn._replace(netloc=f"{dsn.username}@127.0.0.1:{port}").geturl()
+    await relay.stop()
+
+
+async def test_a_connection_whose_backend_died_is_not_used_again(
+    relay: tuple[_Relay, str], aiohttp_client: Any, settings_for: Any, db: asyncpg.Connection
+) -> None:
+    """A killed backend's FATAL arrives before its close, and in between the connection refuses every
+    statement (asyncpg's InternalClientError) without being closed. The pool gives out the connection
+    given back last first, so each try of a read drew another dead one and the third answered 503. After
+    one dead connection, every connection open now is replaced."""
+    holding, relayed = relay
+    # a pool of four, all open, all killed: more dead connections than a read has tries
+    api = StreamsApi(await aiohttp_client(create_app(settings_for(relayed, pool_min=4, pool_max=4))))
+    assert (await api.create("r", "s")).status == 201
+    assert (await api.append("r", "s", {"n": 1})).status == 201
+    killed = await db.fetchval(
+        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name LIKE 'wfs-%'"
+    )
+    assert killed >= 4
+    try:
+        await eventually(lambda: holding.held == killed, message="the killed backends' closes never came")
+        resp = await api.read("r", "s", after=0)
+        assert resp.status == 200, await resp.text()
+        assert [r["data"] for r in (await resp.json())["records"]] == [{"n": 1}]
+        # the group commit's pool is smaller than its tries, so an append got through before too
+        assert (await api.append("r", "s", {"n": 2})).status == 201
+    finally:
+        holding.closing.set()  # the closes arrive at last, before the app's shutdown waits for them

@@ -9,8 +9,8 @@ from typing import Any
 from aiohttp import web
 
 from ..domain import errors
-from ..store.db import DB_UNAVAILABLE
-from .state import STREAMING
+from ..store.db import DB_UNAVAILABLE, replace_connections
+from .state import STREAMING, state_of
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +107,7 @@ def from_error(exc: errors.StreamError) -> web.Response:
 
 # A pooled connection that died while idle (a restarted or failed-over Postgres, a killed backend) is found
 # only when it is used, and every such connection cost the request that drew it a 503. A read meets it
-# before it has answered or changed anything, so it is simply run again, on another connection; writes
+# before it has answered or changed anything, so it is simply run again, on a new connection; writes
 # have their own retries (the group commit's, or the client's with an Idempotency-Key).
 _READ_METHODS = frozenset(("GET", "HEAD"))
 _READ_TRIES = 3
@@ -128,6 +128,7 @@ async def problem_middleware(request: web.Request, handler: Any) -> web.StreamRe
                 log.info(
                     "%s %s met a lost database connection (%s); running it again", request.method, request.path, exc
                 )
+                await replace_connections(state_of(request).pool)
                 continue
             return problem_for(request, exc)
     raise AssertionError("unreachable")

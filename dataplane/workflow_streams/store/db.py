@@ -22,6 +22,20 @@ DB_UNAVAILABLE: tuple[type[BaseException], ...] = (
 )
 
 
+async def replace_connections(pool: asyncpg.Pool) -> None:
+    """After a connection of ``pool`` was found lost, and before trying again: every connection open now
+    is replaced when it is next taken (or closed when given back).
+
+    When Postgres loses backends (a failover, a restart, an operator killing them) it mostly loses them
+    all, and each sends its FATAL before its connection closes. Between the two an idle pooled connection is neither
+    usable nor closed: asyncpg refuses every statement on it (``InternalClientError``, "another
+    operation (2) is in progress"). The pool hands out the most recently given-back connection first,
+    so a retry drew the next dead one: three tries of a read met three and answered 503 (the rare
+    failure of tests/test_backend_loss.py). SQLAlchemy invalidates its whole pool on a disconnect for
+    the same reason; asyncpg's ``expire_connections`` does it lazily, with no round trip."""
+    await pool.expire_connections()
+
+
 async def _init_connection(conn: asyncpg.Connection) -> None:
     await conn.set_type_codec("jsonb", encoder=json.dumps, decoder=json.loads, schema="pg_catalog")
 
