@@ -183,7 +183,7 @@ async def main(args: argparse.Namespace) -> None:
                     results.setdefault((name, variant.label), []).append(row)
                     print(f"round {round_} {variant.label:>10} {name}: {_line(row)}", flush=True)
     finally:
-        pg.stop()
+        pg.destroy()
     print("\nmedians over rounds:")
     for (name, label), rows in sorted(results.items()):
         median = {k: statistics.median(r[k] for r in rows) for k, v in rows[0].items() if isinstance(v, int | float)}

@@ -110,7 +110,7 @@ async def main(args: argparse.Namespace) -> None:
             print(top)
     finally:
         server.stop()
-        pg.stop()
+        pg.destroy()
 
 
 if __name__ == "__main__":

@@ -120,7 +120,7 @@ async def main(args: argparse.Namespace) -> None:
                         flush=True,
                     )
     finally:
-        pg.stop()
+        pg.destroy()
 
 
 if __name__ == "__main__":

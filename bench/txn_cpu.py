@@ -108,7 +108,7 @@ async def main(args: argparse.Namespace) -> None:
         await append_pool.close()
         await pool.close()
     finally:
-        pg.stop()
+        pg.destroy()
 
 
 def cli() -> None:

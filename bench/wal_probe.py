@@ -48,7 +48,7 @@ async def main(seconds: int = 8) -> None:
             await conn.close()
     finally:
         server.stop()
-        pg.stop()
+        pg.destroy()
 
 
 if __name__ == "__main__":
