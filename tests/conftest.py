@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -28,8 +29,16 @@ TEMPLATE = "wfs_template"
 REPO = Path(__file__).resolve().parents[1]
 
 
+def _terminate_as_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 @pytest.fixture(scope="session")
 def pg() -> Iterator[LocalPostgres]:
+    # pg_ctl starts Postgres as a daemon: a run ended by SIGTERM (a CI or `timeout` deadline) left its
+    # cluster running. As an interrupt, pytest still tears the session down, and the cluster with it.
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _terminate_as_interrupt)
     bindir = find_bindir()
     if bindir is None:
         pytest.fail("PostgreSQL binaries not found: .ci/run installs them (apt-get install postgresql)")
