@@ -38,6 +38,7 @@ routes = web.RouteTableDef()
 
 PAGE = 500
 RECONNECT_MS = 1000
+_RETRY = f"retry: {RECONNECT_MS}\n\n".encode()
 # a client that does not take a page within this time is cut off; it resumes with Last-Event-ID
 WRITE_TIMEOUT_SECONDS = 30.0
 # the fan-out writes to a subscriber only while its socket's buffer stays under this; beyond it, the
@@ -72,6 +73,11 @@ class EventStream(web.StreamResponse):
     writing: set[EventStream] | None = None
     _transport: asyncio.Transport | None = None
     _chunked = False  # HTTP/1.1 chunked body: the fan-out may write framed chunks itself
+    # aiohttp's switch (web.Response sets it so too): the headers wait for the first write, which
+    # carries the retry line and the backfill (``_start_event_stream``), so a subscriber's start is one
+    # socket write, not three; on loopback each write also runs the reader's side of TCP in the kernel.
+    # ``offer`` writes to the transport itself, so it must never come first: it follows that write.
+    _send_headers_immediately = False
 
     async def prepare(self, request: web.BaseRequest) -> AbstractStreamWriter | None:
         self._transport = request.transport
@@ -158,11 +164,12 @@ async def subscribe(request: web.Request) -> web.StreamResponse:
     async with _subscription_slot(request, principal.name), app.hub.watch_records(run_id, stream_id) as wake:
         # the first read validates cursor and rights, so errors are ordinary HTTP responses
         shared = await _first_page(request, principal, run_id, stream_id, after)
-        response = await _start_event_stream(request)
-        last = after
+        first, count, last = shared.events_after(after)
+        response = await _start_event_stream(request, first)
+        if count:
+            metrics.SUBSCRIPTION_EVENTS.inc(count)
         try:
             while True:
-                last = await _deliver(response, shared, last)
                 wake.cursor = last
                 page = shared.page
                 if len(page.records) < PAGE:  # caught up: follow
@@ -192,6 +199,7 @@ async def subscribe(request: web.Request) -> web.StreamResponse:
                 shared = await _read_retrying(
                     app.shared_reads, run_id, stream_id, last, woken_at, page.pins_digest, response
                 )
+                last = await _deliver(response, shared, last)
         except StreamError as exc:
             # e.g. retention pruned past a lagging subscriber: say why in-band, then end
             await response.send(_error_event(exc))
@@ -222,7 +230,8 @@ async def _subscription_slot(request: web.Request, principal: str) -> AsyncItera
             del counts[principal]
 
 
-async def _start_event_stream(request: web.Request) -> EventStream:
+async def _start_event_stream(request: web.Request, first: bytes) -> EventStream:
+    """Start the response: its headers, the retry line and ``first`` (the backfill's events) in one write."""
     response = EventStream(
         headers={
             "Content-Type": "text/event-stream",
@@ -236,7 +245,7 @@ async def _start_event_stream(request: web.Request) -> EventStream:
     task = asyncio.current_task()
     if task is not None:
         request.app[OPEN_STREAMS].add(task)
-    await response.send(f"retry: {RECONNECT_MS}\n\n".encode())
+    await response.send(_RETRY + first)
     return response
 
 
