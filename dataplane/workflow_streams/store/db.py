@@ -27,12 +27,13 @@ async def replace_connections(pool: asyncpg.Pool) -> None:
     is replaced when it is next taken (or closed when given back).
 
     When Postgres loses backends (a failover, a restart, an operator killing them) it mostly loses them
-    all, and each sends its FATAL before its connection closes. Between the two an idle pooled connection is neither
-    usable nor closed: asyncpg refuses every statement on it (``InternalClientError``, "another
-    operation (2) is in progress"). The pool hands out the most recently given-back connection first,
-    so a retry drew the next dead one: three tries of a read met three and answered 503 (the rare
-    failure of tests/test_backend_loss.py). SQLAlchemy invalidates its whole pool on a disconnect for
-    the same reason; asyncpg's ``expire_connections`` does it lazily, with no round trip."""
+    all, and each sends its FATAL before its connection closes. Between the two an idle pooled
+    connection is neither usable nor closed: asyncpg refuses every statement on it
+    (``InternalClientError``, "another operation (2) is in progress"). The pool hands out the most
+    recently given-back connection first, so a retry drew the next dead one: three tries of a read met
+    three and answered 503 (the rare failure of tests/test_backend_loss.py). SQLAlchemy invalidates its
+    whole pool on a disconnect for the same reason; asyncpg's ``expire_connections`` does it lazily,
+    with no round trip."""
     await pool.expire_connections()
 
 
