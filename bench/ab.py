@@ -139,6 +139,11 @@ async def _connect_case(server: Server, dsn: str, postgres: int) -> dict[str, An
     }
 
 
+def _maybe(value: float | None) -> str:
+    # a median of two rounds is a mean: 12.149999999999999, printed as 12.1
+    return "None" if value is None else f"{value:.1f}"
+
+
 def _line(row: dict[str, Any]) -> str:
     if "connect_s" in row:
         return (
@@ -149,8 +154,8 @@ def _line(row: dict[str, Any]) -> str:
     return (
         f"{row['rate']:8,.0f}/s p50 {row['p50']:.1f} p99 {row['p99']:.1f} ms; per append: server "
         f"{row['server_user']:.0f}+{row['server_sys']:.0f} us, Postgres {row['postgres_user']:.0f}+"
-        f"{row['postgres_sys']:.0f} us (user+system); {row['appends_per_transaction']} appends per transaction; "
-        f"generator {row['generator_cores']} cores; errors {row['errors']}"
+        f"{row['postgres_sys']:.0f} us (user+system); {_maybe(row['appends_per_transaction'])} appends per "
+        f"transaction; generator {row['generator_cores']:.3f} cores; errors {row['errors']}"
     )
 
 

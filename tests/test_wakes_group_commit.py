@@ -165,10 +165,10 @@ async def test_a_caller_that_goes_away_fails_nobody_else_in_its_batch(
 async def test_after_a_batch_of_several_the_next_waits_for_more_and_a_lone_appender_never_does(
     api: StreamsApi, database_url: str, db: asyncpg.Connection
 ) -> None:
-    """The gather window, made long here so nothing races it. Appends that reach the queue in different
-    turns of the event loop share a transaction (one xmin on their records) only because the commit after
-    a batch of several waited for them; an appender alone is never held by the window."""
-    for stream in "abcdefgh":
+    """The gather window, made long here so nothing races it, then as served. Appends that reach the queue
+    in different turns of the event loop share a transaction (one xmin on their records) only because the
+    commit after a batch of several waited for them; an appender alone is never held by the window."""
+    for stream in "abcdefghij":
         assert (await api.create("r", stream)).status == 201
     alice = Principal("alice")
     pool = await create_pool(database_url, 1, 1)
@@ -186,12 +186,12 @@ async def test_after_a_batch_of_several_the_next_waits_for_more_and_a_lone_appen
         return {row[0] for row in rows}
 
     try:
-        lone = GroupCommit(pool, hub, gather_seconds=3600)
+        lone = GroupCommit(pool, hub, gather=lambda: asyncio.sleep(3600))
         async with asyncio.timeout(15):  # waiting for the window would take an hour
             await append(lone, "a")
             await append(lone, "b")
 
-        busy = GroupCommit(pool, hub, gather_seconds=1.0)
+        busy = GroupCommit(pool, hub, gather=lambda: asyncio.sleep(1.0))
         async with asyncio.timeout(15):
             await asyncio.gather(append(busy, "c"), append(busy, "d"))  # one turn, one batch of two
             assert len(await xmins("c", "d")) == 1
@@ -201,6 +201,17 @@ async def test_after_a_batch_of_several_the_next_waits_for_more_and_a_lone_appen
             f = append(busy, "f")
             await asyncio.gather(e, f)
         assert len(await xmins("e", "f")) == 1
+
+        # as served: the window is turns of the event loop, so an append made one turn after the
+        # transaction's task started still joins it
+        served = GroupCommit(pool, hub)
+        async with asyncio.timeout(15):
+            await asyncio.gather(append(served, "g"), append(served, "h"))
+            i = append(served, "i")
+            await asyncio.sleep(0)  # i's transaction has started and holds
+            j = append(served, "j")
+            await asyncio.gather(i, j)
+        assert len(await xmins("i", "j")) == 1
     finally:
         await pool.close()
 
@@ -216,7 +227,9 @@ async def test_a_busy_commit_begins_the_next_transaction_and_a_quiet_one_leaves_
     alice = Principal("alice")
     name = "wfs-test-begun"
     pool = await create_pool(database_url, 1, 2, server_settings={"application_name": name})
-    group = GroupCommit(pool, WakeHub(PollOnly(), None, 3600), max_batch=2, gather_seconds=2.0, keep_seconds=3600)
+    group = GroupCommit(
+        pool, WakeHub(PollOnly(), None, 3600), max_batch=2, gather=lambda: asyncio.sleep(2.0), keep_seconds=3600
+    )
 
     async def in_transaction(idle_for: float = 0.0) -> list[int]:
         query = """SELECT pid FROM pg_stat_activity WHERE application_name = $1 AND state = 'idle in transaction'

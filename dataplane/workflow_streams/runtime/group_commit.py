@@ -60,15 +60,16 @@ class GroupCommit:
     # Postgres' by a quarter (bench README, "Group commit").
     MAX_INFLIGHT = 1
 
-    # How long a transaction waits for more requests when the one before it carried several. With one
-    # transaction in flight, a worker's connections otherwise split into two cohorts that take turns:
-    # the requests a commit answers come back (a client round trip later) while the other cohort's
-    # transaction runs, so every batch is half of what is in flight. Waiting lets them meet: at 1,000
-    # streams x 32 connections (two workers) 3,913 -> 4,540 appends/s, server CPU per append 282 -> 233
-    # us, Postgres 109 -> 80, and lower latency (p50 8.0 -> 6.7 ms), because CPU is what runs out; x 8
-    # and x 128 gained too (bench README, item 17). 0.3, 0.8, 1.0 and 1.5 ms all gained less at 1,000
-    # x 32. A lone appender (a batch of one before it) never waits.
-    GATHER_SECONDS = 0.0005
+    # How long a transaction waits for more requests when the one before it carried several: two turns
+    # of the event loop. With one transaction in flight, a worker's connections otherwise split into two
+    # cohorts that take turns: the requests a commit answers come back (a client round trip later) while
+    # the other cohort's transaction runs, so every batch is half of what is in flight. Waiting lets them
+    # meet (bench README, items 17 and 31). Counted in turns, not time: on uvloop a delay is whole
+    # milliseconds, rounded, so the 0.5 ms window this once was ran as a sleep of 0 (two turns) ever
+    # since uvloop came in; a real millisecond gathers more but answers later (1,000 x 32 at 14.5
+    # appends a transaction, 5,716 against 6,590/s), none at all halves the batches (7.9 a transaction,
+    # 5,433/s), and one, three or six turns measure as two does. A lone appender never waits.
+    GATHER_TURNS = 2
 
     # How long a connection whose COMMIT began the next transaction waits for that transaction before it
     # is rolled back and given back: the last commit of a burst keeps one, and nothing should be left
@@ -82,13 +83,13 @@ class GroupCommit:
         *,
         max_batch: int = 512,
         max_inflight: int = MAX_INFLIGHT,
-        gather_seconds: float = GATHER_SECONDS,
+        gather: Callable[[], Awaitable[None]] | None = None,
         keep_seconds: float = KEEP_SECONDS,
     ) -> None:
         self._pool = pool
         self._hub = hub
         self._max_batch = max_batch
-        self._gather_seconds = gather_seconds
+        self._hold = gather or _turns(self.GATHER_TURNS)
         self._last_batch = 0  # requests in the batch taken last
         # A connection whose COMMIT began the next transaction, kept for it: under load every transaction
         # would otherwise open with a BEGIN round trip of its own (see _transaction).
@@ -115,9 +116,9 @@ class GroupCommit:
         return future
 
     async def _gather(self, queued: int) -> None:
-        # after a batch of several, a transaction first waits for more (GATHER_SECONDS)
-        if self._last_batch > 1 and queued < self._max_batch and self._gather_seconds > 0:
-            await asyncio.sleep(self._gather_seconds)
+        # after a batch of several, a transaction first waits for more (GATHER_TURNS)
+        if self._last_batch > 1 and queued < self._max_batch:
+            await self._hold()
 
     async def _commit_batch(self, waiters: list[_Waiter]) -> None:
         self._last_batch = len(waiters)
@@ -234,6 +235,14 @@ class GroupCommit:
         if conn is not None:
             await self._release(conn)
         await asyncio.gather(*self._giving_back)
+
+
+def _turns(count: int) -> Callable[[], Awaitable[None]]:
+    async def hold() -> None:
+        for _ in range(count):
+            await asyncio.sleep(0)  # asyncio's own "let everything ready run first"
+
+    return hold
 
 
 def _fail(waiters: list[_Waiter], exc: BaseException) -> None:
