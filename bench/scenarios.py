@@ -114,7 +114,7 @@ def _clients(clients: int, seconds: int) -> list[str]:
     return ["-n", "-c", str(clients), "-j", "2", "-T", str(seconds)]
 
 
-def _simple_update(pg: LocalPostgres, seconds: int, clients: int = 32) -> dict[str, float]:
+def simple_update(pg: LocalPostgres, seconds: int, clients: int = 32) -> dict[str, float]:
     """pgbench ``-N`` on the database ``pgbench_ceilings`` made: first there, then around each append case."""
     return _pgbench_cpu(pg, "-N", *_clients(clients, seconds), "pgbench")
 
@@ -126,7 +126,7 @@ def pgbench_ceilings(pg: LocalPostgres, seconds: int, clients: int = 32, streams
     run = _clients(clients, seconds)
     pg_tool(pg, "createdb", "pgbench", check=False)  # exists already on a second call
     pg_tool(pg, "pgbench", "-i", "-s", "1", "-q", "pgbench")
-    simple_run = _simple_update(pg, seconds, clients)
+    simple_run = simple_update(pg, seconds, clients)
     simple = simple_run["tps"]
     print(
         f"  pgbench -N, {clients} clients: {simple:,.0f} tps; CPU cores: pgbench {simple_run['client_cores']}, "
@@ -250,7 +250,7 @@ async def _around(pg: LocalPostgres, timing: Timing) -> dict[str, int]:
     vacuum still being written), which would have flattered the case beside it."""
     await settle(timing.around_settle)
     vacuums = await autovacuums(pg.dsn)
-    run = await asyncio.to_thread(_simple_update, pg, timing.around_seconds)
+    run = await asyncio.to_thread(simple_update, pg, timing.around_seconds)
     return {"tps": round(run["tps"]), "autovacuums": await autovacuums(pg.dsn) - vacuums}
 
 
