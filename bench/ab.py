@@ -17,6 +17,14 @@ per group-commit transaction (the server's ``wfs_group_commit_requests``; None f
 and the generator's cores. ``--sse`` runs the 10,000-subscriber connect case instead (connect seconds, CPU,
 and Postgres' transactions during the connect), after the append cases ``--cases`` names, on the same
 server (the full run's order), when it names any.
+
+``--pgbench`` also runs pgbench ``-N`` (32 clients, as ``bench.run``'s ceiling; as long as a case) before
+the first round and after every round, each after ``--quiet`` seconds of quiet, and sets every append case beside the
+mean of the two readings around its round: the ratio the issue-13 goals name, paired in time, as a
+median and a lowest over the rounds instead of one sample of a machine whose speed drifts
+(``bench.drift``).
+
+    python -m bench.ab now=. --cases 1000x32 --rounds 6 --pgbench
 """
 
 from __future__ import annotations
@@ -31,7 +39,7 @@ from typing import Any
 
 import asyncpg
 
-from bench import generator
+from bench import generator, scenarios
 from bench.harness import (
     PREFIX,
     TOKEN,
@@ -39,11 +47,13 @@ from bench.harness import (
     Server,
     appends_per_transaction,
     group_commits,
+    pg_tool,
     pins,
     postmaster_pid,
     process_tree_times,
     start_postgres,
 )
+from workflow_streams.localpg import LocalPostgres
 
 
 @dataclass
@@ -156,6 +166,7 @@ def _line(row: dict[str, Any]) -> str:
         f"{row['server_user']:.0f}+{row['server_sys']:.0f} us, Postgres {row['postgres_user']:.0f}+"
         f"{row['postgres_sys']:.0f} us (user+system); {_maybe(row['appends_per_transaction'])} appends per "
         f"transaction; generator {row['generator_cores']:.3f} cores; errors {row['errors']}"
+        + (f"; x{row['x_pgbench']:.3f} pgbench -N around" if "x_pgbench" in row else "")
     )
 
 
@@ -168,6 +179,7 @@ async def main(args: argparse.Namespace) -> None:
     results: dict[tuple[str, str], list[dict[str, Any]]] = {}
     pg = await start_postgres()
     try:
+        ceilings = [await _pgbench(pg, args.seconds, args.quiet, first=True)] if args.pgbench else []
         for round_ in range(args.rounds):
             shift = round_ % len(variants)
             for variant in variants[shift:] + variants[:shift]:
@@ -186,13 +198,37 @@ async def main(args: argparse.Namespace) -> None:
                     server.stop()
                 for name, row in names_rows:
                     results.setdefault((name, variant.label), []).append(row)
-                    print(f"round {round_} {variant.label:>10} {name}: {_line(row)}", flush=True)
+            if args.pgbench:
+                ceilings.append(await _pgbench(pg, args.seconds, args.quiet))
+                around = (ceilings[-2] + ceilings[-1]) / 2
+                print(
+                    f"round {round_} pgbench -N {ceilings[-2]:,.0f} tps before, {ceilings[-1]:,.0f} after", flush=True
+                )
+            for (name, label), rows in results.items():
+                if len(rows) == round_ + 1:  # this round's
+                    if args.pgbench and "rate" in rows[-1]:
+                        rows[-1]["x_pgbench"] = rows[-1]["rate"] / around
+                    print(f"round {round_} {label:>10} {name}: {_line(rows[-1])}", flush=True)
     finally:
         pg.destroy()
     print("\nmedians over rounds:")
     for (name, label), rows in sorted(results.items()):
         median = {k: statistics.median(r[k] for r in rows) for k, v in rows[0].items() if isinstance(v, int | float)}
         print(f"{name} {label:>10}: {_line({**rows[0], **median})}")
+        ratios = [r["x_pgbench"] for r in rows if "x_pgbench" in r]
+        if ratios:
+            lowest, highest = min(ratios), max(ratios)
+            print(f"{name} {label:>10}: x pgbench -N around each round, lowest {lowest:.3f} highest {highest:.3f}")
+
+
+async def _pgbench(pg: LocalPostgres, seconds: float, quiet: float, first: bool = False) -> float:
+    if first:
+        pg_tool(pg, "createdb", "pgbench")
+        pg_tool(pg, "pgbench", "-i", "-s", "1", "-q", "pgbench")
+    else:
+        await scenarios.settle(quiet)  # as bench.run: right after a case its tail would slow pgbench
+    result = await asyncio.to_thread(scenarios.simple_update, pg, max(1, round(seconds)))
+    return float(result["tps"])
 
 
 def cli() -> None:
@@ -206,6 +242,13 @@ def cli() -> None:
     parser.add_argument("--seconds", type=float, default=8, help="measured seconds per case (after 2 s of warm-up)")
     parser.add_argument("--workers", type=int, default=2, help="serve --workers N unless a variant sets W")
     parser.add_argument("--sse", action="store_true", help="the 10,000-subscriber connect case instead of appends")
+    parser.add_argument("--pgbench", action="store_true", help="pgbench -N around every round; ratios to it")
+    parser.add_argument(
+        "--quiet",
+        type=float,
+        default=scenarios.FULL.around_settle,
+        help="with --pgbench: seconds of quiet before each pgbench -N after a round (default: the full run's)",
+    )
     parser.add_argument("--logs", type=Path, default=Path("/tmp"), help="where each variant's server log goes")
     asyncio.run(main(parser.parse_args()))
 

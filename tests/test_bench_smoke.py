@@ -132,6 +132,25 @@ def test_ab_runs_a_variant_and_reports_medians(tmp_path: Path) -> None:
     assert (tmp_path / "here.log").exists()
 
 
+def test_ab_sets_each_case_beside_pgbench_around_its_round(tmp_path: Path) -> None:
+    repo = Path(__file__).resolve().parents[1]
+    out = _bench_module(
+        "bench.ab", f"here={repo}", "--cases", "3x2", "--rounds", "2", "--seconds", "1", "--pgbench", "--quiet", "0",
+        "--logs", str(tmp_path),
+    )  # fmt: skip
+    lines = out.splitlines()
+    assert [line.split(" pgbench -N ")[0] for line in lines if "tps before" in line] == ["round 0", "round 1"], out
+    assert sum("here 3x2" in line and "pgbench -N around" in line for line in lines) == 2, out  # each round's
+    assert any(line.startswith("3x2") and line.endswith("pgbench -N around") for line in lines), out  # the median
+    assert any(line.startswith("3x2") and "lowest" in line and "highest" in line for line in lines), out
+
+
+def test_drift_reads_pgbench_again_and_again() -> None:
+    out = _bench_module("bench.drift", "--runs", "2", "--seconds", "1", "--pause", "0", "--reinit")
+    assert sum("pgbench -N run" in line for line in out.splitlines()) == 2, out
+    assert "spread: highest / lowest =" in out
+
+
 def test_txn_cpu_reports_each_batch_size() -> None:
     out = _bench_module("bench.txn_cpu", "--batches", "1,4", "--transactions", "20")
     assert [line.split(":")[0] for line in out.splitlines() if line.startswith("batch")] == ["batch    1", "batch    4"]
