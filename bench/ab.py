@@ -18,11 +18,11 @@ and the generator's cores. ``--sse`` runs the 10,000-subscriber connect case ins
 and Postgres' transactions during the connect), after the append cases ``--cases`` names, on the same
 server (the full run's order), when it names any.
 
-``--pgbench`` also runs pgbench ``-N`` (32 clients, as ``bench.run``'s ceiling; as long as a case) before
-the first round and after every round, each after ``--quiet`` seconds of quiet, and sets every append case beside the
-mean of the two readings around its round: the ratio the issue-13 goals name, paired in time, as a
-median and a lowest over the rounds instead of one sample of a machine whose speed drifts
-(``bench.drift``).
+``--pgbench`` also runs pgbench ``-N`` (32 clients, as ``bench.run``'s ceiling; as long as a case)
+before the first round and after every round, each after ``--quiet`` seconds of quiet, and sets every
+append case beside the mean of the two readings around its round: the ratio the issue-13 goals name,
+paired in time, with its median, lowest and highest over the rounds instead of one sample of a
+machine whose speed drifts (``bench.drift``).
 
     python -m bench.ab now=. --cases 1000x32 --rounds 6 --pgbench
 """
@@ -198,17 +198,18 @@ async def main(args: argparse.Namespace) -> None:
                     server.stop()
                 for name, row in names_rows:
                     results.setdefault((name, variant.label), []).append(row)
+                    print(f"round {round_} {variant.label:>10} {name}: {_line(row)}", flush=True)
             if args.pgbench:
                 ceilings.append(await _pgbench(pg, args.seconds, args.quiet))
-                around = (ceilings[-2] + ceilings[-1]) / 2
-                print(
-                    f"round {round_} pgbench -N {ceilings[-2]:,.0f} tps before, {ceilings[-1]:,.0f} after", flush=True
-                )
-            for (name, label), rows in results.items():
-                if len(rows) == round_ + 1:  # this round's
-                    if args.pgbench and "rate" in rows[-1]:
-                        rows[-1]["x_pgbench"] = rows[-1]["rate"] / around
-                    print(f"round {round_} {label:>10} {name}: {_line(rows[-1])}", flush=True)
+                before, after = ceilings[-2:]
+                for (name, label), rows in results.items():
+                    if "rate" in rows[-1]:  # this round's row of an append case
+                        rows[-1]["x_pgbench"] = rows[-1]["rate"] / ((before + after) / 2)
+                        print(
+                            f"round {round_} {label:>10} {name}: x{rows[-1]['x_pgbench']:.3f} pgbench -N around "
+                            f"({before:,.0f} tps before the round, {after:,.0f} after)",
+                            flush=True,
+                        )
     finally:
         pg.destroy()
     print("\nmedians over rounds:")
