@@ -4,7 +4,7 @@ A throwaway Postgres, ``pgbench -i -s 1``, then pgbench ``-N`` (32 clients, as `
 again and again with a pause before each and nothing else running. Each run prints its tps and the CPU
 per transaction of pgbench and Postgres together; the last line gives the spread (highest / lowest).
 A ratio to one ceiling measured once carries that much noise: ``bench.run`` measures the ceiling again
-around each append case for this reason (bench/README.md, items 29 and 32).
+around each append case for this reason (bench/HISTORY.md, items 29 and 32).
 
 ``--reinit`` makes pgbench's tables anew before every run, so that a drift that remains is the
 machine's, not the tables' growing history and dead rows.

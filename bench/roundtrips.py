@@ -8,7 +8,7 @@ rows in key order, insert B records, bump the counters) on one throwaway Postgre
 rounds, on 1 and 2 connections; it prints transactions/s and the CPU per transaction of this process
 (the driver and the batch's own Python, the same for both) and of Postgres.
 
-Session 15 (bench README item 27): Postgres' CPU per transaction about the same either way, this
+Session 15 (bench history, item 27): Postgres' CPU per transaction about the same either way, this
 process's 230-310 us more with psycopg, and its rates equal or lower: the two round trips saved cost
 Postgres little CPU, and psycopg's Python per statement costs more than they save.
 """

@@ -225,7 +225,7 @@ def _run(settings: Settings, *, siblings: _Siblings | None = None) -> None:
         # once because it doubled the cost of connecting 10,000 subscribers (their first reads stopped
         # sharing statements); reads of many streams are now batched and ended reads stay joinable
         # (runtime.reads): after appends, as in the full run, the connect took 2.8-3.2 s on uvloop and
-        # 2.1-2.4 s on asyncio's loop, and takes 1.8-2.0 s now (bench README, items 15, 18 and 20)
+        # 2.1-2.4 s on asyncio's loop, and takes 1.8-2.0 s now (bench history, items 15, 18 and 20)
         loop=uvloop.new_event_loop(),
         host=None if sock is not None else settings.host,
         port=None if sock is not None else settings.port,

@@ -9,7 +9,7 @@ WAL flush once per batch instead of once per request: with 1,000 streams that is
 
 A transaction is three round trips under load: the lock statement, the write, and a COMMIT that also
 begins the next transaction on the same connection (its BEGIN would be a round trip of its own, and
-each round trip is mostly the wait for a busy event loop: bench README, item 28).
+each round trip is mostly the wait for a busy event loop: bench history, item 28).
 
 After COMMIT returns, the batch's wake signals are published (this process's subscribers wake at once;
 other processes hear through the wake source, of the streams some process watches: ``runtime.interest``).
@@ -57,14 +57,14 @@ class GroupCommit:
     # load the event loop is the bottleneck and requests reach the queue one at a time, so a second
     # free slot took each alone (1.05 transactions per append at 1,000 streams x 32 connections, two
     # workers). With one, 0.65 per append, and the server's CPU per append fell by a sixth and
-    # Postgres' by a quarter (bench README, "Group commit").
+    # Postgres' by a quarter (bench history, item 9).
     MAX_INFLIGHT = 1
 
     # How long a transaction waits for more requests when the one before it carried several: two turns
     # of the event loop. With one transaction in flight, a worker's connections otherwise split into two
     # cohorts that take turns: the requests a commit answers come back (a client round trip later) while
     # the other cohort's transaction runs, so every batch is half of what is in flight. Waiting lets them
-    # meet (bench README, items 17 and 31). Counted in turns, not time: on uvloop a delay is whole
+    # meet (bench history, items 17 and 31). Counted in turns, not time: on uvloop a delay is whole
     # milliseconds, rounded, so the 0.5 ms window this once was ran as a sleep of 0 (two turns) ever
     # since uvloop came in; a real millisecond gathers more but answers later (1,000 x 32 at 14.5
     # appends a transaction, 5,716 against 6,590/s), none at all halves the batches (7.9 a transaction,

@@ -3,7 +3,7 @@
 A NOTIFY costs Postgres a transaction of its own, one more in every listening backend, and every other
 process the decoding of its payload, so announcing every commit to every process costs more with every
 process that listens: with four workers, 1,000 streams x 32 connections ran 11 % faster without the
-announcements nobody waited for (with two, the difference was inside the noise: bench README, item
+announcements nobody waited for (with two, the difference was inside the noise: bench history, item
 26). So a process marks a
 stream it starts watching (``wfs_streams.watched_until``, ``store.watched``) before the watcher's first
 read, and an append passes on to other processes only the signals of streams marked then

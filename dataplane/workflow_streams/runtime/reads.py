@@ -81,7 +81,7 @@ class SharedReads:
     # Statements in flight at once: one, as for the group commit, so that a burst's keys queue while a
     # statement runs and go in the next together. With more, uvloop's evenly served burst sent most keys
     # alone (10,000 subscribers over 1,000 streams connected in 3.01 s with four, 2.56 s with two, 2.18 s
-    # with one; bench README, item 18). The price: a batch of long catch-up pages delays the live reads
+    # with one; bench history, item 18). The price: a batch of long catch-up pages delays the live reads
     # queued behind it, which is why a batch is bounded (MAX_BATCH).
     MAX_INFLIGHT = 1
     # Keys per statement: each brings up to a page of records, so a batch is bounded in rows too.

@@ -83,7 +83,7 @@ async def pins_for(conn: asyncpg.Connection, rows: Iterable[Mapping[str, Any]]) 
     """The pins of rows selected without their document (``stream_key`` and ``pins_digest`` only), by
     digest: from the cache, and what it lacks in one query. For hot statements: the document is the
     row's largest column, and decoding it in every transaction, cached or not, cost the server ~15 us
-    per append at 1,000 streams x 32 connections (the lock statement with ``s.*``, bench README item 14)."""
+    per append at 1,000 streams x 32 connections (the lock statement with ``s.*``, bench history, item 14)."""
     found: dict[str, StreamPins] = {}
     missing: list[int] = []
     for row in rows:
