@@ -1,6 +1,6 @@
 """A/B rounds of append cases on one Postgres: ``python -m bench.ab LABEL=TREE[=VAR:VALUE,...] ...``.
 
-How every "A/B on one Postgres" figure in bench/README.md was taken. Each variant is a source tree (a
+How every "A/B on one Postgres" figure in bench/HISTORY.md was taken. Each variant is a source tree (a
 ``git worktree`` at the commit to compare; its ``dataplane`` goes first on ``PYTHONPATH``) and optional
 environment for its server (``W:1`` sets its worker count, ``PY:/path/to/python`` the interpreter, whose
 environment must have the dependencies). Each round starts a fresh
