@@ -47,7 +47,6 @@ from bench.harness import (
     Server,
     appends_per_transaction,
     group_commits,
-    pg_tool,
     pins,
     postmaster_pid,
     process_tree_times,
@@ -179,7 +178,10 @@ async def main(args: argparse.Namespace) -> None:
     results: dict[tuple[str, str], list[dict[str, Any]]] = {}
     pg = await start_postgres()
     try:
-        ceilings = [await _pgbench(pg, args.seconds, args.quiet, first=True)] if args.pgbench else []
+        ceilings: list[float] = []
+        if args.pgbench:
+            scenarios.init_pgbench(pg)
+            ceilings.append(await _pgbench(pg, args.seconds, quiet=0))
         for round_ in range(args.rounds):
             shift = round_ % len(variants)
             for variant in variants[shift:] + variants[:shift]:
@@ -200,7 +202,7 @@ async def main(args: argparse.Namespace) -> None:
                     results.setdefault((name, variant.label), []).append(row)
                     print(f"round {round_} {variant.label:>10} {name}: {_line(row)}", flush=True)
             if args.pgbench:
-                ceilings.append(await _pgbench(pg, args.seconds, args.quiet))
+                ceilings.append(await _pgbench(pg, args.seconds, quiet=args.quiet))
                 before, after = ceilings[-2:]
                 for (name, label), rows in results.items():
                     if "rate" in rows[-1]:  # this round's row of an append case
@@ -222,12 +224,8 @@ async def main(args: argparse.Namespace) -> None:
             print(f"{name} {label:>10}: x pgbench -N around each round, lowest {lowest:.3f} highest {highest:.3f}")
 
 
-async def _pgbench(pg: LocalPostgres, seconds: float, quiet: float, first: bool = False) -> float:
-    if first:
-        pg_tool(pg, "createdb", "pgbench")
-        pg_tool(pg, "pgbench", "-i", "-s", "1", "-q", "pgbench")
-    else:
-        await scenarios.settle(quiet)  # as bench.run: right after a case its tail would slow pgbench
+async def _pgbench(pg: LocalPostgres, seconds: float, quiet: float) -> float:
+    await scenarios.settle(quiet)  # as bench.run: right after a case its tail would slow pgbench
     result = await asyncio.to_thread(scenarios.simple_update, pg, max(1, round(seconds)))
     return float(result["tps"])
 

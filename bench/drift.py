@@ -19,18 +19,17 @@ import asyncio
 import time
 
 from bench import scenarios
-from bench.harness import pg_tool, start_postgres
+from bench.harness import start_postgres
 
 
 async def main(args: argparse.Namespace) -> None:
     pg = await start_postgres()
     try:
-        pg_tool(pg, "createdb", "pgbench")
         began = time.monotonic()
         readings = []
         for run in range(args.runs):
             if run == 0 or args.reinit:
-                pg_tool(pg, "pgbench", "-i", "-s", "1", "-q", "pgbench")
+                scenarios.init_pgbench(pg)
             if run:
                 await scenarios.settle(args.pause)
             result = await asyncio.to_thread(scenarios.simple_update, pg, args.seconds)

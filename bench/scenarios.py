@@ -114,8 +114,14 @@ def _clients(clients: int, seconds: int) -> list[str]:
     return ["-n", "-c", str(clients), "-j", "2", "-T", str(seconds)]
 
 
+def init_pgbench(pg: LocalPostgres) -> None:
+    """pgbench's tables, made anew (scale 1) in the database ``pgbench``, created when missing."""
+    pg_tool(pg, "createdb", "pgbench", check=False)  # exists already on a second call
+    pg_tool(pg, "pgbench", "-i", "-s", "1", "-q", "pgbench")
+
+
 def simple_update(pg: LocalPostgres, seconds: int, clients: int = 32) -> dict[str, float]:
-    """pgbench ``-N`` on the database ``pgbench_ceilings`` made: first there, then around each append case."""
+    """pgbench ``-N`` on the database ``init_pgbench`` made: first there, then around each append case."""
     return _pgbench_cpu(pg, "-N", *_clients(clients, seconds), "pgbench")
 
 
@@ -124,8 +130,7 @@ def pgbench_ceilings(pg: LocalPostgres, seconds: int, clients: int = 32, streams
     update (``-N``), and exactly our append transaction on 1,000 streams, without and with the
     in-transaction ``pg_notify`` the server sends today."""
     run = _clients(clients, seconds)
-    pg_tool(pg, "createdb", "pgbench", check=False)  # exists already on a second call
-    pg_tool(pg, "pgbench", "-i", "-s", "1", "-q", "pgbench")
+    init_pgbench(pg)
     simple_run = simple_update(pg, seconds, clients)
     simple = simple_run["tps"]
     print(
