@@ -89,7 +89,7 @@ class GroupCommit:
         self._pool = pool
         self._hub = hub
         self._max_batch = max_batch
-        self._hold = gather or _turns(self.GATHER_TURNS)
+        self._wait_for_more = gather or _turns(self.GATHER_TURNS)
         self._last_batch = 0  # requests in the batch taken last
         # A connection whose COMMIT began the next transaction, kept for it: under load every transaction
         # would otherwise open with a BEGIN round trip of its own (see _transaction).
@@ -118,7 +118,7 @@ class GroupCommit:
     async def _gather(self, queued: int) -> None:
         # after a batch of several, a transaction first waits for more (GATHER_TURNS)
         if self._last_batch > 1 and queued < self._max_batch:
-            await self._hold()
+            await self._wait_for_more()
 
     async def _commit_batch(self, waiters: list[_Waiter]) -> None:
         self._last_batch = len(waiters)

@@ -109,15 +109,16 @@ class Batch:
         return [s for s in self.signals() if s.kind == INPUTS or (s.run_id, s.stream_id) in self.watched]
 
 
-# The settings of the connections that run this module's statements (group commit has its own pool with them,
-# api/app.py). Generic plans: with array parameters Postgres otherwise keeps custom plans and planned the
-# batch statements again on every transaction (bench/README.md, "Postgres' CPU per append at low
-# concurrency"). No sequential scans: a generic plan is made once per connection, from the statistics of that
-# moment, and kept for its life. Made while wfs_streams held 1,000 rows, the lock statement's plan was a hash
-# join over a sequential scan of every stream row (the array estimated at 10 elements), and every transaction
-# after it walked the table and its dead versions: the two append backends at 0.7 of a core each for 377
-# appends/s at 1,000 streams x 8 connections, 1,268/s without it; at a million streams it would be a million
-# rows a transaction. Every statement here is a keyed lookup per array element, right at any table size.
+# The settings of the connections that run this module's statements (group commit has its own pool with
+# them, api/app.py). Generic plans: with array parameters Postgres otherwise keeps custom plans and
+# planned the batch statements again on every transaction (bench/README.md, "Postgres' CPU per append at
+# low concurrency"). No sequential scans: a generic plan is made once per connection, from the statistics
+# of that moment, and kept for its life. Made while wfs_streams held 1,000 rows, the lock statement's
+# plan was a hash join over a sequential scan of every stream row (the array estimated at 10 elements),
+# and every transaction after it walked the table and its dead versions: the two append backends at 0.7
+# of a core each for 377 appends/s at 1,000 streams x 8 connections, 1,268/s without it; at a million
+# streams it would be a million rows a transaction. Every statement here is a keyed lookup per array
+# element, right at any table size.
 CONNECTION_SETTINGS = {"plan_cache_mode": "force_generic_plan", "enable_seqscan": "off"}
 
 # Every stream row of the batch, locked in key order (so lockers of overlapping sets never deadlock),
