@@ -25,6 +25,9 @@ from workflow_streams.localpg import LocalPostgres, find_bindir
 from workflow_streams.objectstore import RegionConfig
 from workflow_streams.store.migrate import apply_migrations
 
+# the production shapes (PgBouncer, a standby, a network partition) as fixtures
+pytest_plugins = ["tests.topology_fixtures"]
+
 TEMPLATE = "wfs_template"
 REPO = Path(__file__).resolve().parents[1]
 

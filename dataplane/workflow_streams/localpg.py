@@ -9,6 +9,7 @@ from __future__ import annotations
 import glob
 import os
 import pwd
+import shlex
 import shutil
 import socket
 import subprocess
@@ -78,17 +79,23 @@ class LocalPostgres:
             "--locale=C",
         )
 
+    def server_options(self) -> list[str]:
+        """The postgres command line's options, as pg_ctl hands them to a shell (for a setting given
+        twice, the last ``-c`` wins)."""
+        return [
+            f"-p {self.port}",
+            "-c listen_addresses=127.0.0.1",
+            f"-k {shlex.quote(str(self.base_dir))}",
+            "-c fsync=on -c max_connections=300 -c shared_buffers=128MB",
+        ]
+
     def start(self) -> None:
-        options = (
-            f"-p {self.port} -c listen_addresses=127.0.0.1 -k {self.base_dir} -c fsync=on "
-            "-c max_connections=300 -c shared_buffers=128MB"
-        )
         result = self._run(
             "pg_ctl",
             "-D",
             str(self.datadir),
             "-o",
-            options,
+            " ".join(self.server_options()),
             "-l",
             str(self.base_dir / "postgres.log"),
             "-w",
