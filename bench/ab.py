@@ -3,7 +3,8 @@
 How every "A/B on one Postgres" figure in bench/HISTORY.md was taken. Each variant is a source tree (a
 ``git worktree`` at the commit to compare; its ``dataplane`` goes first on ``PYTHONPATH``) and optional
 environment for its server (``W:1`` sets its worker count, ``PY:/path/to/python`` the interpreter, whose
-environment must have the dependencies). Each round starts a fresh
+environment must have the dependencies, ``POOLER:transaction`` puts Debian's PgBouncer in transaction
+pooling, stock settings, between it and Postgres, with LISTEN on a direct DSN). Each round starts a fresh
 ``workflow-streams serve`` per variant, in an order that rotates between rounds, and drives every case
 with wfs-loadgen; the medians over rounds come last. Short rounds on a shared 2-core machine vary by
 ±5-15 %: compare medians of several rounds, and CPU per append beside the rate.
@@ -52,6 +53,7 @@ from bench.harness import (
     process_tree_times,
     start_postgres,
 )
+from workflow_streams.local.topologies import PgBouncer
 from workflow_streams.localpg import LocalPostgres
 
 
@@ -70,8 +72,12 @@ class Variant:
         env = dict(item.split(":", 1) for item in settings.split(",") if item)
         return cls(label, Path(tree).resolve(), env)
 
-    def server(self, dsn: str, log_dir: Path, default_workers: int) -> Server:
-        env = {k: v for k, v in self.env.items() if k not in ("W", "PY")}
+    def server(self, dsn: str, log_dir: Path, default_workers: int, pooler: PgBouncer | None = None) -> Server:
+        env = {k: v for k, v in self.env.items() if k not in ("W", "PY", "POOLER")}
+        if "POOLER" in self.env:
+            assert pooler is not None
+            env |= {"WFS_DATABASE_POOLER": self.env["POOLER"], "WFS_LISTEN_DATABASE_URL": dsn}
+            dsn = pooler.dsn_for(dsn.rsplit("/", 1)[1])
         workers = int(self.env.get("W", default_workers))
         return Server(
             dsn,
@@ -177,6 +183,10 @@ async def main(args: argparse.Namespace) -> None:
     cases = [tuple(int(n) for n in case.split("x")) for case in named.split(",") if case]
     results: dict[tuple[str, str], list[dict[str, Any]]] = {}
     pg = await start_postgres()
+    pooler = None
+    if any("POOLER" in v.env for v in variants):
+        pooler = PgBouncer(pg)
+        await asyncio.to_thread(pooler.start)
     try:
         ceilings: list[float] = []
         if args.pgbench:
@@ -185,7 +195,7 @@ async def main(args: argparse.Namespace) -> None:
         for round_ in range(args.rounds):
             shift = round_ % len(variants)
             for variant in variants[shift:] + variants[:shift]:
-                server = variant.server(pg.dsn, args.logs, args.workers)
+                server = variant.server(pg.dsn, args.logs, args.workers, pooler)
                 try:
                     await server.ready()
                     names_rows = [
@@ -213,6 +223,8 @@ async def main(args: argparse.Namespace) -> None:
                             flush=True,
                         )
     finally:
+        if pooler is not None:
+            pooler.stop()
         pg.destroy()
     print("\nmedians over rounds:")
     for (name, label), rows in sorted(results.items()):

@@ -161,8 +161,17 @@ class Server:
     """``workflow-streams serve`` in its own process, as in production; ``workers`` passes
     ``--workers N`` through when given."""
 
-    def __init__(self, dsn: str, log: Path, workers: int | None = None, python: str | None = None, **env: str) -> None:
-        self.port = free_port()
+    def __init__(
+        self,
+        dsn: str,
+        log: Path,
+        workers: int | None = None,
+        python: str | None = None,
+        port: int | None = None,
+        **env: str,
+    ) -> None:
+        self.port = port or free_port()
+        self.dsn, self.log, self.env = dsn, log, env
         self.url = f"http://127.0.0.1:{self.port}"
         command = workflow_streams("serve")
         if python is not None:  # another interpreter (bench.ab's PY:)

@@ -1,6 +1,6 @@
 """The benchmark's load generator (bench/loadgen) against a real server, with tiny numbers: its JSON
 reports parse, agree with what the server stored, and every subscriber saw every record once and
-in order. bench.ab and bench.txn_cpu run once with tiny numbers. Functional checks of the instruments;
+in order. bench.ab runs once with tiny numbers. Functional checks of the instruments;
 no timing is asserted."""
 
 from __future__ import annotations
@@ -149,12 +149,3 @@ def test_drift_reads_pgbench_again_and_again() -> None:
     out = _bench_module("bench.drift", "--runs", "2", "--seconds", "1", "--pause", "0", "--reinit")
     assert sum("pgbench -N run" in line for line in out.splitlines()) == 2, out
     assert "spread: highest / lowest =" in out
-
-
-def test_txn_cpu_reports_each_batch_size() -> None:
-    out = _bench_module("bench.txn_cpu", "--batches", "1,4", "--transactions", "20")
-    assert [line.split(":")[0] for line in out.splitlines() if line.startswith("batch")] == ["batch    1", "batch    4"]
-    assert [line.split(":")[0] for line in out.splitlines() if "CPU" in line and not line.startswith("batch")] == [
-        "round trip (prepared SELECT $1)",
-        "BEGIN + COMMIT (two round trips)",
-    ]

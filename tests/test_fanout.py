@@ -9,8 +9,10 @@ import re
 from tests.support import StreamsApi
 from tests.waiting import eventually
 from workflow_streams.domain.wakes import RECORDS, Signal
+from workflow_streams.runtime.durability import Durability
 from workflow_streams.runtime.fanout import Fanout
 from workflow_streams.runtime.reads import SharedPage, SharedReads
+from workflow_streams.runtime.supervisor import Supervisor
 from workflow_streams.runtime.wakes import PollOnly, WakeHub
 from workflow_streams.store.db import create_pool
 
@@ -59,8 +61,8 @@ async def test_a_follower_joining_behind_a_read_in_flight_gets_every_record(api:
     digest = (await (await api.get("r", "s")).json())["pins_digest"]
     pool = await create_pool(database_url, 1, 2)
     hub = WakeHub(PollOnly(), None, 0)
-    reads = GatedReads(pool, hub)
-    fanout = Fanout(hub, reads, 500, lambda *gap: None)
+    reads = GatedReads(pool, hub, Durability(pool))
+    fanout = Fanout(hub, reads, 500, lambda *gap: None, Supervisor())
     try:
         ahead = Recorder(10, digest)
         fanout.join("r", "s", ahead)
@@ -89,7 +91,7 @@ async def test_an_ended_read_is_joined_until_a_signal_ticks_the_clock(api: Strea
         assert (await api.append("r", stream, 1)).status == 201
     pool = await create_pool(database_url, 1, 2)
     hub = WakeHub(PollOnly(), None, 0)
-    reads = SharedReads(pool, hub)
+    reads = SharedReads(pool, hub, Durability(pool))
     try:
         first = await reads.page("r", "s", 0, 100, hub.clock)
         assert await reads.page("r", "s", 0, 100, hub.clock) is first, "the ended read was not joined"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from datetime import datetime
 
 import asyncpg
@@ -15,12 +15,14 @@ from tests.waiting import eventually
 from workflow_streams.domain.authz import Principal, Trusted
 from workflow_streams.domain.records import RecordIn
 from workflow_streams.domain.wakes import RECORDS, Signal
+from workflow_streams.runtime.durability import Durability
 from workflow_streams.runtime.group_commit import GroupCommit
 from workflow_streams.runtime.interest import TTL_SECONDS, Interest
+from workflow_streams.runtime.supervisor import Supervisor
 from workflow_streams.runtime.wakes import Deliver, WakeHub
 from workflow_streams.store import definitions
 from workflow_streams.store.appends import AppendRequest
-from workflow_streams.store.db import create_pool
+from workflow_streams.store.db import Pool, create_pool
 
 ALICE = Principal("alice")
 
@@ -32,8 +34,9 @@ class _Captured:
         self.connected = asyncio.Event()
         self.sent: list[Signal] = []
 
-    async def start(self, deliver: Deliver, lost: Callable[[], None]) -> None:
+    def loops(self, deliver: Deliver, lost: Callable[[], None]) -> dict[str, Callable[[], Awaitable[None]]]:
         self.connected.set()
+        return {}
 
     async def stop(self) -> None:
         pass
@@ -48,15 +51,17 @@ class _Captured:
 @contextlib.asynccontextmanager
 async def _hub(
     database_url: str, poll_seconds: float, ttl: float = TTL_SECONDS
-) -> AsyncIterator[tuple[WakeHub, _Captured, asyncpg.Pool]]:
+) -> AsyncIterator[tuple[WakeHub, _Captured, Pool]]:
     """A started hub that marks what it watches, its captured wake source, and the pool it marks with."""
     pool = await create_pool(database_url, 1, 2)
     source = _Captured()
     hub = WakeHub(source, pool, poll_seconds, interest=Interest(pool, ttl=ttl))
-    await hub.start()
+    supervisor = Supervisor()
+    await hub.start(supervisor)
     try:
         yield hub, source, pool
     finally:
+        await supervisor.stop()
         await hub.stop()
         await pool.close()
 
@@ -86,7 +91,7 @@ async def test_a_mark_waits_for_the_append_holding_the_row_and_later_appends_ann
     then sees); every append after the mark reads it and announces its commit to other processes."""
     assert (await api.create("r", "fenced")).status == 201
     async with _hub(database_url, 0) as (hub, source, pool):
-        group = GroupCommit(pool, hub)
+        group = GroupCommit(pool, hub, Durability(pool))
         async with asyncio.timeout(15):
             await _append(group, "fenced")
             assert source.records_of("fenced") == []  # nobody watches: nothing for other processes

@@ -9,6 +9,7 @@ import asyncpg
 from tests.waiting import eventually
 from workflow_streams.domain.wakes import CHANNEL, RECORDS, Signal, decode
 from workflow_streams.runtime.listen_notify import ListenNotify
+from workflow_streams.runtime.supervisor import Supervisor
 
 
 async def test_sends_are_spaced_and_what_queues_meanwhile_travels_together(database_url: str) -> None:
@@ -23,7 +24,9 @@ async def test_sends_are_spaced_and_what_queues_meanwhile_travels_together(datab
     await listener.add_listener(CHANNEL, on_notify)
     interval = 1.0  # long enough that a missing limiter shows, whatever the machine's load
     source = ListenNotify(database_url, "sender-under-test", min_interval=interval)
-    await source.start(lambda _signals: None, lambda: None)
+    supervisor = Supervisor()
+    for name, loop_ in source.loops(lambda _signals: None, lambda: None).items():
+        supervisor.start(name, loop_)
     try:
         source.send([Signal(RECORDS, "r", "a", 1, 1)])  # a quiet process: goes at once
         await eventually(lambda: len(heard) == 1)
@@ -37,5 +40,6 @@ async def test_sends_are_spaced_and_what_queues_meanwhile_travels_together(datab
         assert Signal(RECORDS, "r", "a", 2, 11) in second
         assert {s.stream_id for s in second} == {"a", *(f"s{n}" for n in range(2, 12))}
     finally:
+        await supervisor.stop()
         await source.stop()
         await listener.close()

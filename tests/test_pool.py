@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from workflow_streams.store import appends, db
 from workflow_streams.store.db import create_pool
 
 
@@ -27,12 +28,18 @@ async def test_release_sends_nothing_but_rolls_back_an_open_transaction(database
         await pool.close()
 
 
-async def test_session_settings_given_at_connect_stay(database_url: str) -> None:
-    """Group commit's pool relies on its connect-time settings (store.appends.CONNECTION_SETTINGS)."""
-    pool = await create_pool(database_url, 1, 1, server_settings={"enable_seqscan": "off"})
+async def test_planner_settings_hold_in_their_transaction_only(database_url: str) -> None:
+    """The append statements' planner settings are SET LOCAL (store.appends.BEGIN): in force in the
+    transaction that sets them, gone after it, as a transaction pooler requires (nothing outlives a
+    transaction on a server connection another client gets next)."""
+    pool = await create_pool(database_url, 1, 1)
     try:
-        for _ in range(2):
-            async with pool.acquire() as conn:
+        async with pool.acquire() as conn:
+            async with db.transaction(conn, appends.BEGIN):
                 assert await conn.fetchval("SHOW enable_seqscan") == "off"
+                assert await conn.fetchval("SHOW plan_cache_mode") == "force_generic_plan"
+            assert await conn.fetchval("SHOW enable_seqscan") == "on"
+        async with pool.acquire() as conn:
+            assert await conn.fetchval("SHOW plan_cache_mode") == "auto"
     finally:
         await pool.close()

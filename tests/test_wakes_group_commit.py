@@ -20,6 +20,7 @@ from workflow_streams.api.app import create_app
 from workflow_streams.domain.authz import Principal
 from workflow_streams.domain.errors import Forbidden, IdempotencyKeyReused, StreamClosed, StreamNotFound
 from workflow_streams.domain.records import RecordIn
+from workflow_streams.runtime.durability import Durability
 from workflow_streams.runtime.group_commit import GroupCommit
 from workflow_streams.runtime.wakes import PollOnly, WakeHub
 from workflow_streams.store import appends, streams
@@ -137,7 +138,7 @@ async def test_a_caller_that_goes_away_fails_nobody_else_in_its_batch(
     alice = Principal("alice")
     pool = await create_pool(database_url, 1, 1)
     hub = WakeHub(PollOnly(), None, 3600)
-    group = GroupCommit(pool, hub)
+    group = GroupCommit(pool, hub, Durability(pool))
     async with pool.acquire() as conn:  # the pool's one connection: the group commit's backend
         committer = conn.get_server_pid()
     try:
@@ -186,12 +187,12 @@ async def test_after_a_batch_of_several_the_next_waits_for_more_and_a_lone_appen
         return {row[0] for row in rows}
 
     try:
-        lone = GroupCommit(pool, hub, gather=lambda: asyncio.sleep(3600))
+        lone = GroupCommit(pool, hub, Durability(pool), gather=lambda: asyncio.sleep(3600))
         async with asyncio.timeout(15):  # waiting for the window would take an hour
             await append(lone, "a")
             await append(lone, "b")
 
-        busy = GroupCommit(pool, hub, gather=lambda: asyncio.sleep(1.0))
+        busy = GroupCommit(pool, hub, Durability(pool), gather=lambda: asyncio.sleep(1.0))
         async with asyncio.timeout(15):
             await asyncio.gather(append(busy, "c"), append(busy, "d"))  # one turn, one batch of two
             assert len(await xmins("c", "d")) == 1
@@ -204,7 +205,7 @@ async def test_after_a_batch_of_several_the_next_waits_for_more_and_a_lone_appen
 
         # as served: the window is turns of the event loop, so an append made one turn after the
         # transaction's task started still joins it
-        served = GroupCommit(pool, hub)
+        served = GroupCommit(pool, hub, Durability(pool))
         async with asyncio.timeout(15):
             await asyncio.gather(append(served, "g"), append(served, "h"))
             i = append(served, "i")
@@ -228,7 +229,12 @@ async def test_a_busy_commit_begins_the_next_transaction_and_a_quiet_one_leaves_
     name = "wfs-test-begun"
     pool = await create_pool(database_url, 1, 2, server_settings={"application_name": name})
     group = GroupCommit(
-        pool, WakeHub(PollOnly(), None, 3600), max_batch=2, gather=lambda: asyncio.sleep(2.0), keep_seconds=3600
+        pool,
+        WakeHub(PollOnly(), None, 3600),
+        Durability(pool),
+        max_batch=2,
+        gather=lambda: asyncio.sleep(2.0),
+        keep_seconds=3600,
     )
 
     async def in_transaction(idle_for: float = 0.0) -> list[int]:
@@ -251,7 +257,7 @@ async def test_a_busy_commit_begins_the_next_transaction_and_a_quiet_one_leaves_
             await group.close()
             # the last batch of a burst, of several: its COMMIT begins a transaction that nothing takes,
             # which is rolled back and given back after keep_seconds
-            brief = GroupCommit(pool, WakeHub(PollOnly(), None, 3600), keep_seconds=0.5)
+            brief = GroupCommit(pool, WakeHub(PollOnly(), None, 3600), Durability(pool), keep_seconds=0.5)
             pairs = [brief.append(AppendRequest("r", s, [_record(s)], alice)) for s in "ab"]
             assert await asyncio.gather(*pairs) == [AppendResult(2, 2, False)] * 2
             await eventually(lambda: in_transaction(idle_for=0.1), message="the burst's last COMMIT began nothing")
@@ -273,7 +279,7 @@ async def test_requests_retried_alone_at_once_leave_no_transaction_open(
     alice = Principal("alice")
     name = "wfs-test-retried"
     pool = await create_pool(database_url, 1, 3, server_settings={"application_name": name})
-    group = GroupCommit(pool, WakeHub(PollOnly(), None, 3600), max_batch=3, keep_seconds=3600)
+    group = GroupCommit(pool, WakeHub(PollOnly(), None, 3600), Durability(pool), max_batch=3, keep_seconds=3600)
     # inline bytes and an object at once: the records table's CHECK refuses it, and with it the batch
     refused = RecordIn("application/json", b'"x"', {"size": 3})
     try:
@@ -297,29 +303,34 @@ async def test_requests_retried_alone_at_once_leave_no_transaction_open(
 
 
 async def test_the_append_statements_never_scan_every_stream(database_url: str, db: asyncpg.Connection) -> None:
-    """A generic plan is made once per connection, from the statistics of that moment, and kept. Made
-    while the table held two streams, the lock statement's plan walked every stream row (a merge join over
-    the whole primary key), and so did the counters' update, in every transaction as the table grew.
-    On the append connections every scan of wfs_streams is now an index lookup by the batch's keys."""
+    """A generic plan is made once per backend, from the statistics of that moment, and kept. Made while
+    the table held two streams, the lock statement's plan walked every stream row (a merge join over the
+    whole primary key), and so did the counters' update, in every transaction as the table grew. In the
+    append transactions every scan of wfs_streams is now an index lookup by the batch's keys: the plans
+    the functions of migration 487 really run, as auto_explain reports them (nested statements, sent to
+    the client as notices)."""
     await db.execute(
         """INSERT INTO wfs_streams (run_id, stream_id, pins, pins_digest, created_by)
            SELECT 'r', 's' || i, '{}'::jsonb, 'x', 'alice' FROM generate_series(1, 2) AS i"""
     )
     await db.execute("ANALYZE wfs_streams")
 
-    async def plans(settings: dict[str, str]) -> list[str]:
-        conn = await asyncpg.connect(database_url, server_settings=settings)
+    async def plans(begin: str) -> list[str]:
+        """The plans the append statements get in a transaction begun with ``begin``, on a new backend."""
+        conn = await asyncpg.connect(database_url)
+        notices: list[str] = []
+        conn.add_log_listener(lambda _conn, message: notices.append(message.message))
         try:
-            lock = await conn.prepare(f"EXPLAIN {appends._LOCK}")
-            write = await conn.prepare(f"EXPLAIN {appends._WRITE}")
-            write_records = await conn.prepare(f"EXPLAIN {appends._WRITE_RECORDS}")
-            pins = await conn.prepare(f"EXPLAIN {streams._PINS_BY_KEY}")
-            return [
-                "\n".join(row[0] for row in await lock.fetch(["r"], ["s1"])),
-                "\n".join(row[0] for row in await write.fetch(*([[]] * 21))),
-                "\n".join(row[0] for row in await write_records.fetch(*([[]] * 10))),
-                "\n".join(row[0] for row in await pins.fetch([1])),
-            ]
+            await conn.execute(
+                "LOAD 'auto_explain'; SET auto_explain.log_min_duration = 0;"
+                " SET auto_explain.log_nested_statements = on; SET auto_explain.log_level = notice"
+            )
+            await conn.execute(begin)
+            await conn.fetch(appends._LOCK, ["r"], ["s1"])
+            await conn.fetch(appends._WRITE, *([[]] * 21))
+            await conn.fetch(streams._PINS_BY_KEY, [1])
+            await conn.execute("ROLLBACK")
+            return [n for n in notices if "Scan" in n]
         finally:
             await conn.close()
 
@@ -333,8 +344,10 @@ async def test_the_append_statements_never_scan_every_stream(database_url: str, 
         ]
 
     # the premise: generic plans alone scan the whole table at this size (so this test can fail)
-    assert any(unbounded_scans(plan) for plan in await plans({"plan_cache_mode": "force_generic_plan"}))
-    for plan in await plans(appends.CONNECTION_SETTINGS):
+    assert any(unbounded_scans(plan) for plan in await plans("BEGIN; SET LOCAL plan_cache_mode = force_generic_plan"))
+    reported = await plans(appends.BEGIN)
+    assert any(" on wfs_streams" in plan for plan in reported), reported  # the lock's and the write's plans
+    for plan in reported:
         assert unbounded_scans(plan) == [], plan
 
 

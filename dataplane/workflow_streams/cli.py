@@ -71,7 +71,7 @@ def _serve(settings: Settings) -> None:
 
 def cmd_migrate(_args: argparse.Namespace) -> int:
     settings = Settings.from_env()
-    applied = asyncio.run(apply_migrations(settings.database_url))
+    applied = asyncio.run(apply_migrations(settings.database_url, connecting=settings.connecting))
     print(f"applied migrations: {applied or 'none (up to date)'}")
     return 0
 

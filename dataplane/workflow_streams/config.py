@@ -11,6 +11,7 @@ from typing import Any
 
 from .domain.authz import Principal
 from .objectstore import RegionConfig
+from .store.db import DEFAULT_TIMEOUT_SECONDS, POOLERS, Connecting, Pooler
 
 # Where a pod's projected service-account token and CA live. Here, not in api/kubeauth.py, because settings
 # sit below the shells that use them: config must not import api (tests/test_layers.py enforces it).
@@ -64,9 +65,26 @@ def parse_tokens(text: str) -> dict[str, Principal]:
     return tokens
 
 
-def _wake_source(text: str) -> str:
+def _pooler(text: str) -> Pooler:
+    if text == "none":
+        return "none"
+    if text == "transaction":
+        return "transaction"
+    raise SystemExit(f"WFS_DATABASE_POOLER must be one of {', '.join(POOLERS)}, not {text!r}")
+
+
+def _wake_source(text: str | None, pooler: Pooler, listen_url: str | None) -> str:
+    """LISTEN by default; behind a transaction pooler only with a direct DSN for it, else polling."""
+    through_pooler = pooler == "transaction" and listen_url is None
+    if text is None:
+        return "poll" if through_pooler else "listen"
     if text not in ("listen", "poll"):
         raise SystemExit(f"WFS_WAKE_SOURCE must be 'listen' or 'poll', not {text!r}")
+    if text == "listen" and through_pooler:
+        raise SystemExit(
+            "WFS_WAKE_SOURCE=listen does not work through a transaction pooler (LISTEN receives nothing"
+            " there): set WFS_LISTEN_DATABASE_URL to a direct DSN, or leave WFS_WAKE_SOURCE unset to poll"
+        )
     return text
 
 
@@ -141,13 +159,27 @@ class Settings:
     durable_long_poll_seconds: float = 10.0
     # SSE connections end after this long; clients resume at their last offset (PROTOCOL.md 8.2)
     durable_sse_seconds: float = 60.0
+    # "transaction" behind PgBouncer or another transaction pooler (store.db says what changes)
+    database_pooler: Pooler = "none"
+    # how long a request waits for Postgres (connect, a pooled connection, statements) before a 503
+    database_timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS
+    # a direct DSN (no pooler) for LISTEN/NOTIFY; unset: database_url
+    listen_database_url: str | None = None
     # how other processes' commits wake this one: "listen" (LISTEN/NOTIFY, plus a slow head poll as a
-    # safety net) or "poll" (head polling only: for PgBouncer in transaction pooling, where LISTEN fails)
+    # safety net) or "poll" (head polling only: behind a transaction pooler without a direct DSN)
     wake_source: str = "listen"
     # how often watched streams' heads are polled (None: 1 s with LISTEN, 0.2 s in poll-only mode)
     wake_poll_seconds: float | None = None
     # serving processes sharing the port (SO_REUSEPORT); 0 = one per core
     workers: int = 1
+
+    @property
+    def connecting(self) -> Connecting:
+        return Connecting(pooler=self.database_pooler, timeout_seconds=self.database_timeout_seconds)
+
+    @property
+    def listen_url(self) -> str:
+        return self.listen_database_url or self.database_url
 
     @property
     def head_poll_seconds(self) -> float:
@@ -166,6 +198,8 @@ class Settings:
             database_url = env["WFS_DATABASE_URL"]
         except KeyError:
             raise SystemExit("WFS_DATABASE_URL is required (a postgresql:// DSN)") from None
+        pooler = _pooler(env.get("WFS_DATABASE_POOLER", "none"))
+        listen_url = env.get("WFS_LISTEN_DATABASE_URL") or None
         return cls(
             database_url=database_url,
             host=env.get("WFS_HOST", "127.0.0.1"),
@@ -192,7 +226,10 @@ class Settings:
             delivery_backoff_base_seconds=float(env.get("WFS_DELIVERY_BACKOFF_BASE_SECONDS", "0.5")),
             delivery_max_attempts=int(env.get("WFS_DELIVERY_MAX_ATTEMPTS", "25")),
             **durable_from_env(env),
-            wake_source=_wake_source(env.get("WFS_WAKE_SOURCE", "listen")),
+            database_pooler=pooler,
+            database_timeout_seconds=float(env.get("WFS_DATABASE_TIMEOUT_SECONDS", str(DEFAULT_TIMEOUT_SECONDS))),
+            listen_database_url=listen_url,
+            wake_source=_wake_source(env.get("WFS_WAKE_SOURCE") or None, pooler, listen_url),
             wake_poll_seconds=float(env["WFS_WAKE_POLL_SECONDS"]) if env.get("WFS_WAKE_POLL_SECONDS") else None,
             workers=int(env.get("WFS_WORKERS", "0")),
         )

@@ -141,7 +141,7 @@ def _run(options: DevOptions, env: Mapping[str, str]) -> int:
             merged["WFS_REGION"] = options.region
         settings = Settings.from_env(merged)
         settings = dataclasses.replace(settings, tokens={**settings.tokens, token: Principal("dev")})
-        asyncio.run(apply_migrations(settings.database_url))
+        asyncio.run(apply_migrations(settings.database_url, connecting=settings.connecting))
         if settings.wait_service_url == defaults["WFS_WAIT_SERVICE_URL"]:
             parts.delivery = "input records go to the built-in wait service, which logs each one"
         elif settings.wait_service_url:

@@ -7,16 +7,14 @@ StreamLegalHold objects authorized it).
 
 from __future__ import annotations
 
-import asyncpg
-
 from .domain.authz import Caller
 from .objectstore import ObjectStore
-from .store import definitions, objects
+from .store import db, definitions, objects
 from .store.definitions import StreamState
 
 
 async def apply_legal_hold(
-    pool: asyncpg.Pool,
+    pool: db.Pool,
     store: ObjectStore | None,
     run_id: str,
     stream_id: str,

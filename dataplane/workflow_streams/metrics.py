@@ -63,6 +63,17 @@ DELIVERIES_FAILED = Gauge(
     "wfs_deliveries_failed", "Input deliveries that failed permanently", multiprocess_mode="mostrecent"
 )
 WORKER_CLAIMS = Counter("wfs_worker_claims_total", "Claims taken by workers", ["kind", "how"])
+# runtime.supervisor: background tasks restarted after a failure, and those down now (per worker: summed)
+BACKGROUND_RESTARTS = Counter("wfs_background_restarts_total", "Background tasks restarted after they failed", ["task"])
+BACKGROUND_DOWN = Gauge(
+    "wfs_background_down", "Background tasks failed and not yet restarted", ["task"], multiprocess_mode="livesum"
+)
+# runtime.durability: reads that waited for a commit to confirm what they saw, and barrier commits made
+DURABILITY_WAITS = Counter("wfs_durability_waits_total", "Reads that waited until what they saw was confirmed")
+DURABILITY_BARRIERS = Counter("wfs_durability_barriers_total", "Barrier commits made to confirm reads")
+DURABILITY_HELD_BACK = Counter(
+    "wfs_durability_held_back_records_total", "Records read but not served: not confirmed durable in time"
+)
 
 
 class TopBacklog(Collector):

@@ -56,7 +56,13 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: kopf
     settings.persistence.finalizer = "workflowstreams.dev/finalizer"
     settings.posting.level = logging.WARNING
     settings.watching.server_timeout = 60
-    memo.pool = await create_pool(config.shared.database_url, min_size=1, max_size=5)
+    memo.pool = await create_pool(
+        config.shared.database_url,
+        min_size=1,
+        max_size=5,
+        connecting=config.shared.connecting,
+        application_name="wfs-operator",
+    )
     regions = dict(config.shared.s3_regions)
     memo.store = None
     if regions:

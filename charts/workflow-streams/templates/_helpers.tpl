@@ -26,6 +26,15 @@ app.kubernetes.io/component: {{ .component }}
 - name: WFS_DATABASE_URL
   valueFrom:
     secretKeyRef: {name: {{ .Values.postgres.existingSecret }}, key: {{ .Values.postgres.key }}}
+- name: WFS_DATABASE_POOLER
+  value: {{ .Values.postgres.pooler | quote }}
+- name: WFS_DATABASE_TIMEOUT_SECONDS
+  value: {{ .Values.postgres.timeoutSeconds | quote }}
+{{- if .Values.postgres.listenKey }}
+- name: WFS_LISTEN_DATABASE_URL
+  valueFrom:
+    secretKeyRef: {name: {{ .Values.postgres.existingSecret }}, key: {{ .Values.postgres.listenKey }}}
+{{- end }}
 - name: WFS_REGION
   value: {{ .Values.region | quote }}
 {{- if .Values.metadataRegion }}

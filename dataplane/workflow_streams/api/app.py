@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
 import collections
-import contextlib
 import functools
 import logging
 import time
@@ -18,14 +16,15 @@ from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram
 from .. import API_PREFIX, metrics, payloadlog
 from ..config import Settings
 from ..objectstore import ObjectStore
+from ..runtime.durability import Durability
 from ..runtime.fanout import Fanout
 from ..runtime.group_commit import GroupCommit
 from ..runtime.interest import Interest
 from ..runtime.listen_notify import ListenNotify
 from ..runtime.reads import SharedReads
+from ..runtime.supervisor import Supervisor
 from ..runtime.wakes import PollOnly, WakeHub, WakeSource, process_id
-from ..store.appends import CONNECTION_SETTINGS
-from ..store.db import create_pool
+from ..store.db import DB_UNAVAILABLE, Connecting, create_pool, missing_kept_functions
 from ..workers.dispatcher import Dispatcher, DispatchSettings
 from ..workers.metrics_sampler import run_sampler
 from ..workers.objects import run_janitor
@@ -93,19 +92,35 @@ class Siblings(Protocol):
 SIBLINGS = web.AppKey("workflow_streams_siblings", Siblings)
 
 
+# /readyz waits at most this long for Postgres: a probe must answer, and answer 503, while Postgres is
+# unreachable (the chart's probe allows 3 s)
+READY_TIMEOUT_SECONDS = 2.0
+
+
 async def _ready(request: web.Request) -> web.Response:
+    """Ready: every worker serves, the background tasks live delivery needs run, and Postgres answers."""
     # Ready once every worker serves, not only the one answering: keep-alive connections opened while
     # another still starts would all stay on the first (the kernel gives a new connection only to a
     # socket that listens then), for as long as they live.
     siblings = request.app.get(SIBLINGS)
     if siblings is not None and (starting := siblings.starting()):
-        return web.json_response({"status": f"{starting} worker process(es) still starting"}, status=503)
+        return _unready(f"{starting} worker process(es) still starting")
     state = request.app[STATE]
-    async with state.pool.acquire() as conn:
-        await conn.fetchval("SELECT 1")
+    if down := state.supervisor.down():
+        return _unready(f"background task(s) down: {', '.join(down)}")
     if not state.hub.connected.is_set():
-        return web.json_response({"status": "listen connection down"}, status=503)
+        return _unready("listen connection down")
+    try:
+        timeout = min(READY_TIMEOUT_SECONDS, state.settings.database_timeout_seconds)
+        async with state.pool.acquire(seconds=timeout) as conn:
+            await conn.fetchval("SELECT 1")
+    except DB_UNAVAILABLE as exc:
+        return _unready(f"database unreachable: {exc}")
     return web.json_response({"status": "ready"})
+
+
+def _unready(status: str) -> web.Response:
+    return web.json_response({"status": status}, status=503)
 
 
 def dispatch_settings(settings: Settings) -> DispatchSettings:
@@ -122,7 +137,11 @@ def dispatch_settings(settings: Settings) -> DispatchSettings:
 def wake_source(settings: Settings) -> WakeSource:
     if settings.wake_source == "poll":
         return PollOnly()
-    return ListenNotify(settings.database_url, process_id(), application_name=settings.listen_application_name)
+    # never through a transaction pooler (config refuses LISTEN there without a direct DSN)
+    connecting = Connecting(timeout_seconds=settings.database_timeout_seconds)
+    return ListenNotify(
+        settings.listen_url, process_id(), connecting=connecting, application_name=settings.listen_application_name
+    )
 
 
 def _add_routes(router: web.UrlDispatcher, prefix: str, table: web.RouteTableDef) -> None:
@@ -144,52 +163,68 @@ def create_app(settings: Settings, *, siblings: Siblings | None = None) -> web.A
         payloadlog.install(settings.region)
         if settings.metadata_region is None:
             log.warning("WFS_METADATA_REGION is unset: metadata-home placement is not enforced")
-        pool = await create_pool(settings.database_url, settings.pool_min, settings.pool_max)
+        connecting = settings.connecting
+        pool = await create_pool(settings.database_url, settings.pool_min, settings.pool_max, connecting=connecting)
+        if settings.database_pooler == "transaction":  # its statements run as functions there (store.db.kept)
+            async with pool.acquire() as conn:
+                missing = await missing_kept_functions(conn)
+            if missing:
+                raise SystemExit(
+                    f"the database lacks {len(missing)} function(s) of this release's statements"
+                    f" ({', '.join(missing)}): run `workflow-streams migrate` of this release first"
+                )
         # Group commit's own connections, one per transaction in flight, and one for the marks of watched
-        # streams, with the settings their statements are written for (generic plans, no sequential scans:
-        # store.appends.CONNECTION_SETTINGS says why). On the main pool, Postgres planned the marks' array
-        # statement afresh every time (0.3 ms a plan): 10,000 subscribers connecting over 1,000 streams
-        # (~420 marks) cost it 0.41 CPU s against 0.15 before marks; here 0.20 (bench.ab --sse).
+        # streams: their statements are planned under the settings they are written for (generic plans,
+        # no sequential scans: store.appends.BEGIN says why), and each connection keeps its own plans.
+        # On the main pool, Postgres planned the marks' array statement afresh every time (0.3 ms a
+        # plan), most of a burst of subscribers' cost in Postgres.
         append_pool = await create_pool(
             settings.database_url,
             1,
             GroupCommit.MAX_INFLIGHT + 1,
-            server_settings={"application_name": "wfs-appends", **CONNECTION_SETTINGS},
+            connecting=connecting,
+            application_name="wfs-appends",
         )
+        supervisor = Supervisor()
+        durability = Durability(pool)
         # with LISTEN/NOTIFY, the streams watched here are marked so that other processes announce their
         # commits (runtime.interest); poll-only mode announces nothing
         interest = Interest(append_pool) if settings.wake_source == "listen" else None
-        hub = WakeHub(wake_source(settings), pool, settings.head_poll_seconds, interest=interest)
-        await hub.start()
+        hub = WakeHub(wake_source(settings), pool, settings.head_poll_seconds, interest=interest, durability=durability)
+        await hub.start(supervisor)
         store = None
         if settings.s3_regions:
             store = ObjectStore(settings.s3_regions)
             await store.open()
         reviewer = TokenReviewer(settings.kube_auth) if settings.kube_auth else None
         authenticator = TokenAuthenticator(settings.tokens, reviewer)
-        shared_reads = SharedReads(pool, hub)
-        fanout = Fanout(hub, shared_reads, subscribe.PAGE, subscribe.gap_recorder(pool))
-        appends = GroupCommit(append_pool, hub)
-        app[STATE] = AppState(settings, pool, hub, authenticator, shared_reads, appends, fanout, store)
-        tasks = []
-        tasks.append(asyncio.create_task(run_sampler(pool, settings.metrics_sample_seconds)))
+        shared_reads = SharedReads(pool, hub, durability)
+        fanout = Fanout(hub, shared_reads, subscribe.PAGE, subscribe.gap_recorder(pool), supervisor)
+        appends = GroupCommit(append_pool, hub, durability)
+        app[STATE] = AppState(
+            settings, pool, hub, authenticator, shared_reads, appends, fanout, supervisor, durability, store
+        )
+        supervisor.start("sampler", functools.partial(run_sampler, pool, settings.metrics_sample_seconds))
         if store is not None and settings.janitor_interval_seconds > 0:
-            janitor = run_janitor(
-                pool, store, settings.janitor_interval_seconds, settings.deletion_outbox_retention_seconds
+            supervisor.start(
+                "janitor",
+                functools.partial(
+                    run_janitor,
+                    pool,
+                    store,
+                    settings.janitor_interval_seconds,
+                    settings.deletion_outbox_retention_seconds,
+                ),
             )
-            tasks.append(asyncio.create_task(janitor))
         if settings.prune_interval_seconds > 0:
-            tasks.append(asyncio.create_task(run_pruner(pool, settings.prune_interval_seconds)))
+            supervisor.start("pruner", functools.partial(run_pruner, pool, settings.prune_interval_seconds))
         if settings.wait_service_url:
-            dispatcher = Dispatcher(pool, hub, dispatch_settings(settings))
-            tasks.append(asyncio.create_task(dispatcher.run(), name="wfs-dispatcher"))
+            supervisor.start("dispatcher", Dispatcher(pool, hub, durability, dispatch_settings(settings)).run)
         yield
-        for task in tasks:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await supervisor.stop()
         await fanout.close()
         await hub.stop()
+        await durability.close()
         if reviewer is not None:
             await reviewer.close()
         if store is not None:

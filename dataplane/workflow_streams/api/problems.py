@@ -7,9 +7,11 @@ import logging
 from typing import Any
 
 from aiohttp import web
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
 
 from ..domain import errors
-from ..store.db import DB_UNAVAILABLE, replace_connections
+from ..runtime.retries import lost_connection
+from ..store.db import DB_UNAVAILABLE
 from .state import STREAMING, state_of
 
 log = logging.getLogger(__name__)
@@ -107,31 +109,50 @@ def from_error(exc: errors.StreamError) -> web.Response:
 
 # A pooled connection that died while idle (a restarted or failed-over Postgres, a killed backend) is found
 # only when it is used, and every such connection cost the request that drew it a 503. A read meets it
-# before it has answered or changed anything, so it is simply run again, on a new connection; writes
-# have their own retries (the group commit's, or the client's with an Idempotency-Key).
+# before it has answered or changed anything, so it is simply run again, on a new connection (the pool's
+# connections are all replaced first: they mostly die together); writes have their own retries (the group
+# commit's, or the client's with an Idempotency-Key). A deadline that passed is not retried: the caller's
+# time is up.
 _READ_METHODS = frozenset(("GET", "HEAD"))
 _READ_TRIES = 3
 
 
 @web.middleware
 async def problem_middleware(request: web.Request, handler: Any) -> web.StreamResponse:
-    tries = _READ_TRIES if request.method in _READ_METHODS else 1
-    for attempt in range(1, tries + 1):
+    try:
         try:
             response: web.StreamResponse = await handler(request)
-            return response
         except Exception as exc:
-            # redirects pass through; a started stream can no longer become a problem response
-            if request.get(STREAMING) or (isinstance(exc, web.HTTPException) and exc.status < 400):
+            if request.method not in _READ_METHODS or not _retryable(request, exc):
                 raise
-            if attempt < tries and isinstance(exc, DB_UNAVAILABLE):
-                log.info(
-                    "%s %s met a lost database connection (%s); running it again", request.method, request.path, exc
-                )
-                await replace_connections(state_of(request).pool)
-                continue
-            return problem_for(request, exc)
-    raise AssertionError("unreachable")
+            # the first try runs bare (every request pays it); only a retry pays for the retry loop
+            log.info("%s %s met a lost database connection (%s); running it again", request.method, request.path, exc)
+            response = await _read_again(request, handler)
+        return response
+    except Exception as exc:
+        # redirects pass through; a started stream can no longer become a problem response
+        if request.get(STREAMING) or (isinstance(exc, web.HTTPException) and exc.status < 400):
+            raise
+        return problem_for(request, exc)
+
+
+async def _read_again(request: web.Request, handler: Any) -> web.StreamResponse:
+    async def replace_connections(_state: RetryCallState) -> None:
+        await state_of(request).pool.replace_connections()
+
+    async for attempt in AsyncRetrying(
+        stop=stop_after_attempt(_READ_TRIES - 1),
+        retry=retry_if_exception(lambda exc: _retryable(request, exc)),
+        before=replace_connections,
+        reraise=True,
+    ):
+        with attempt:
+            response: web.StreamResponse = await handler(request)
+    return response
+
+
+def _retryable(request: web.Request, exc: BaseException) -> bool:
+    return not request.get(STREAMING) and lost_connection(exc)
 
 
 def problem_for(request: web.Request, exc: Exception) -> web.Response:

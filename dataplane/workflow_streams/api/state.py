@@ -4,28 +4,32 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import asyncpg
 from aiohttp import web
 
 from ..config import Settings
 from ..domain.authz import Principal
 from ..objectstore import ObjectStore
+from ..runtime.durability import Durability
 from ..runtime.fanout import Fanout
 from ..runtime.group_commit import GroupCommit
 from ..runtime.reads import SharedReads
+from ..runtime.supervisor import Supervisor
 from ..runtime.wakes import WakeHub
+from ..store.db import Pool
 from .auth import TokenAuthenticator
 
 
 @dataclass
 class AppState:
     settings: Settings
-    pool: asyncpg.Pool
+    pool: Pool
     hub: WakeHub
     authenticator: TokenAuthenticator
     shared_reads: SharedReads
     appends: GroupCommit
     fanout: Fanout
+    supervisor: Supervisor
+    durability: Durability
     objects: ObjectStore | None = None
 
 

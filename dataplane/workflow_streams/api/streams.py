@@ -16,7 +16,8 @@ from ..domain.records import parse_append_body
 from ..domain.wakes import ACKS, RECORDS, Signal
 from ..holds import apply_legal_hold
 from ..runtime.group_commit import append_records
-from ..store import consumers, definitions, deliveries, reads, streams
+from ..runtime.reads import read_page
+from ..store import consumers, definitions, deliveries, streams
 from ..store.appends import AppendRequest
 from .common import JSON_HEADERS, STREAM, client_region_of, json_object, json_response, read_json, stream_key
 from .state import principal_of, state_of
@@ -81,10 +82,16 @@ async def read(request: web.Request) -> web.Response:
     run_id, stream_id = stream_key(request)
     after = parse_cursor(request.query.get("after"))
     limit = _limit(request)
-    async with app.pool.acquire() as conn:
-        page = await reads.read_page(
-            conn, run_id, stream_id, after, limit, principal, "read", client_region_of(request)
-        )
+    page = await read_page(
+        app.pool,
+        app.durability,
+        run_id,
+        stream_id,
+        after,
+        limit,
+        caller=principal,
+        client_region=client_region_of(request),
+    )
     metrics.READ_RECORDS.inc(len(page.records))
     next_after = page.next_after if page.next_after is not None else after
     body = wire.page_bytes(page.records, next_after, page.bounds, page.closed)

@@ -17,9 +17,9 @@ import time
 import weakref
 from collections.abc import AsyncIterator, Callable
 
-import asyncpg
 from aiohttp import HttpVersion11, web
 from aiohttp.abc import AbstractStreamWriter
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type
 
 from .. import metrics
 from ..domain.authz import Principal
@@ -27,7 +27,8 @@ from ..domain.cursor import parse_cursor
 from ..domain.errors import InvalidInput, StreamError, StreamNotFound, TooManySubscriptions
 from ..runtime import wakes
 from ..runtime.reads import SharedPage, SharedReads
-from ..store import gaps, reads
+from ..runtime.retries import BACKOFF
+from ..store import db, gaps, reads
 from ..store.db import DB_UNAVAILABLE
 from .common import STREAM, client_region_of, stream_key
 from .state import STREAMING, principal_of, state_of
@@ -325,7 +326,7 @@ async def _await_detach(response: EventStream, live: _Live, ends_at: float, hear
             await response.send(b": heartbeat\n\n")
 
 
-def gap_recorder(pool: asyncpg.Pool) -> Callable[[str, str, int, int], None]:
+def gap_recorder(pool: db.Pool) -> Callable[[str, str, int, int], None]:
     """The fan-out's report of skipped wakes, recorded as gap evidence in the background."""
     pending: set[asyncio.Task[None]] = set()
 
@@ -360,23 +361,25 @@ async def _read_retrying(
 ) -> SharedPage:
     """The next page, read once for every subscriber at this cursor. The first read authorized this
     subscriber; pins never change, so only a replaced stream (another digest) ends it. Postgres
-    restarts are waited out, with heartbeats so proxies keep the connection."""
-    delay = 0.1
-    while True:
-        try:
+    restarts are waited out, with a comment line before each wait so that proxies keep the connection."""
+
+    async def waiting(state: RetryCallState) -> None:
+        exc = state.outcome.exception() if state.outcome is not None else None
+        delay = state.next_action.sleep if state.next_action is not None else 0.0
+        log.warning("subscription read failed (%s); retrying in %.1fs", exc, delay)
+        await response.send(b": database unavailable, retrying\n\n")
+
+    async for attempt in AsyncRetrying(
+        retry=retry_if_exception_type(DB_UNAVAILABLE), wait=BACKOFF, before_sleep=waiting, reraise=True
+    ):
+        with attempt:
             page = await shared.page(run_id, stream_id, after, PAGE, woken_at)
-        except DB_UNAVAILABLE as exc:
-            log.warning("subscription read failed (%s); retrying in %.1fs", exc, delay)
-            await response.send(b": database unavailable, retrying\n\n")
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 2.0)
-            continue
-        if page.page.pins_digest != pins_digest:
-            raise StreamNotFound("the stream was deleted and created again")
-        return page
+    if page.page.pins_digest != pins_digest:
+        raise StreamNotFound("the stream was deleted and created again")
+    return page
 
 
-async def _note_gap(pool: asyncpg.Pool, run_id: str, stream_id: str, wake: wakes.Wake, last: int) -> None:
+async def _note_gap(pool: db.Pool, run_id: str, stream_id: str, wake: wakes.Wake, last: int) -> None:
     """A wake that announces records beyond last + 1 means notifications were missed: the re-read
     fills the gap from Postgres, and the evidence is kept."""
     first = wake.first_announced
@@ -384,7 +387,7 @@ async def _note_gap(pool: asyncpg.Pool, run_id: str, stream_id: str, wake: wakes
         await _record_gap(pool, run_id, stream_id, last + 1, first)
 
 
-async def _record_gap(pool: asyncpg.Pool, run_id: str, stream_id: str, expected: int, observed: int) -> None:
+async def _record_gap(pool: db.Pool, run_id: str, stream_id: str, expected: int, observed: int) -> None:
     """Keep gap evidence; a database that is away costs the evidence, never the subscription."""
     try:
         async with pool.acquire() as conn:

@@ -2,7 +2,9 @@
 
 A signal is only a hint that a stream may have news; whoever is woken re-reads Postgres. Many signals
 travel in one NOTIFY payload (one line each) so that a busy process pays Postgres' cluster-wide notify
-lock once per batch of commits, not once per commit.
+lock once per batch of commits, not once per commit. A line is ``KIND run/stream/first/last[/timeline]``:
+the timeline an append's commit returned on (``runtime.durability``) is optional, so that lines without it
+(a wake that vouches for nothing) still decode.
 """
 
 from __future__ import annotations
@@ -33,6 +35,9 @@ class Signal(NamedTuple):
     # the sequences the commit announced (0: unknown or not about records: re-read everything)
     first: int = 0
     last: int = 0
+    # the WAL timeline the commit returned on, when the signal vouches for the durability of what it
+    # announces (an append's); "" for a wake that vouches for nothing (runtime.durability)
+    timeline: str = ""
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -41,7 +46,8 @@ class Signal(NamedTuple):
     def merge(self, other: Signal) -> Signal:
         """Two signals for one stream become one covering both (0 stays 'unknown')."""
         first = 0 if 0 in (self.first, other.first) else min(self.first, other.first)
-        return Signal(self.kind, self.run_id, self.stream_id, first, max(self.last, other.last))
+        last, timeline = max((self.last, self.timeline), (other.last, other.timeline))
+        return Signal(self.kind, self.run_id, self.stream_id, first, last, timeline)
 
 
 def encode(signals: Iterable[Signal], sender: str) -> list[str]:
@@ -53,6 +59,8 @@ def encode(signals: Iterable[Signal], sender: str) -> list[str]:
     size = len(header)
     for s in signals:
         line = f"{s.kind} {s.run_id}/{s.stream_id}/{s.first}/{s.last}"
+        if s.timeline:
+            line += f"/{s.timeline}"
         if size + 1 + len(line) > MAX_PAYLOAD_BYTES and len(lines) > 1:
             payloads.append("\n".join(lines))
             lines, size = [header], len(header)
@@ -84,9 +92,9 @@ def _signals(body: str) -> Iterator[Signal]:
     for line in body.split("\n"):
         kind, _, rest = line.partition(" ")
         parts = rest.split("/")
-        if kind not in KINDS or len(parts) != 4:
+        if kind not in KINDS or len(parts) not in (4, 5):
             raise MalformedPayload(f"malformed wake line {line[:60]!r}")
         try:
-            yield Signal(kind, parts[0], parts[1], int(parts[2]), int(parts[3]))
+            yield Signal(kind, parts[0], parts[1], int(parts[2]), int(parts[3]), parts[4] if len(parts) == 5 else "")
         except ValueError:
             raise MalformedPayload(f"malformed wake line {line[:60]!r}") from None

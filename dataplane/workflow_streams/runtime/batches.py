@@ -56,6 +56,11 @@ class Batches(Generic[T]):
             self._running.add(task)
             task.add_done_callback(self._finished)
 
+    async def drain(self) -> None:
+        """Until every batch queued or running has been run (nothing more may be added)."""
+        while self._running:
+            await asyncio.gather(*self._running, return_exceptions=True)
+
     def _finished(self, task: asyncio.Task[None]) -> None:
         self._running.discard(task)
         self._start()

@@ -23,6 +23,7 @@ from typing import Protocol
 
 from ..domain.errors import StreamError
 from .reads import SharedPage, SharedReads
+from .supervisor import Supervisor
 from .wakes import Wake, WakeHub
 
 log = logging.getLogger(__name__)
@@ -54,9 +55,17 @@ class _StreamFanout:
     """The followers of one stream and the task that serves them."""
 
     def __init__(
-        self, hub: WakeHub, reads: SharedReads, run_id: str, stream_id: str, limit: int, on_gap: GapRecorder
+        self,
+        hub: WakeHub,
+        reads: SharedReads,
+        run_id: str,
+        stream_id: str,
+        limit: int,
+        on_gap: GapRecorder,
+        supervisor: Supervisor,
     ) -> None:
         self._hub = hub
+        self._supervisor = supervisor
         self._reads = reads
         self.run_id = run_id
         self.stream_id = stream_id
@@ -79,6 +88,8 @@ class _StreamFanout:
     async def _serve(self) -> None:
         try:
             await self._follow()
+        except Exception as exc:  # a bug: its followers go on alone, and the next joiner starts another
+            self._supervisor.report(f"fanout {self.run_id}/{self.stream_id}", exc)
         finally:
             # ended for any reason (last follower left, shutdown, a bug): nobody is left waiting on us
             self._detach_all()
@@ -145,11 +156,14 @@ class _StreamFanout:
 class Fanout:
     """The fan-outs of this process, one per followed stream, started and ended with their followers."""
 
-    def __init__(self, hub: WakeHub, reads: SharedReads, limit: int, on_gap: GapRecorder) -> None:
+    def __init__(
+        self, hub: WakeHub, reads: SharedReads, limit: int, on_gap: GapRecorder, supervisor: Supervisor
+    ) -> None:
         self._hub = hub
         self._reads = reads
         self._limit = limit
         self._on_gap = on_gap
+        self._supervisor = supervisor
         self._streams: dict[tuple[str, str], _StreamFanout] = {}
 
     def join(self, run_id: str, stream_id: str, follower: Follower) -> None:
@@ -157,7 +171,7 @@ class Fanout:
         fanout = self._streams.get(key)
         if fanout is None or fanout.task.done():
             fanout = self._streams[key] = _StreamFanout(
-                self._hub, self._reads, run_id, stream_id, self._limit, self._on_gap
+                self._hub, self._reads, run_id, stream_id, self._limit, self._on_gap, self._supervisor
             )
         fanout.add(follower)
 

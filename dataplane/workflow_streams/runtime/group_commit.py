@@ -24,13 +24,17 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 import asyncpg
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt
 
 from .. import metrics
 from ..domain.errors import Backpressure, BatchExceedsCredit, QuotaExhausted, StreamError
 from ..payloadlog import log_payload
-from ..store.appends import AppendRequest, AppendResult, Batch, append_batch
+from ..store import db
+from ..store.appends import BEGIN, AppendRequest, AppendResult, Batch, append_batch
 from ..store.db import DB_UNAVAILABLE
 from .batches import Batches
+from .durability import Durability
+from .retries import lost_connection
 from .wakes import ACKS, WakeHub
 
 log = logging.getLogger(__name__)
@@ -78,8 +82,9 @@ class GroupCommit:
 
     def __init__(
         self,
-        pool: asyncpg.Pool,
+        pool: db.Pool,
         hub: WakeHub,
+        durability: Durability,
         *,
         max_batch: int = 512,
         max_inflight: int = MAX_INFLIGHT,
@@ -88,13 +93,14 @@ class GroupCommit:
     ) -> None:
         self._pool = pool
         self._hub = hub
+        self._durability = durability
         self._max_batch = max_batch
         self._wait_for_more = gather or _turns(self.GATHER_TURNS)
         self._last_batch = 0  # requests in the batch taken last
         # A connection whose COMMIT began the next transaction, kept for it: under load every transaction
         # would otherwise open with a BEGIN round trip of its own (see _transaction).
         self._keep_seconds = keep_seconds
-        self._begun: asyncpg.pool.PoolConnectionProxy | None = None
+        self._begun: asyncpg.Connection | None = None
         self._give_back: asyncio.TimerHandle | None = None
         self._giving_back: set[asyncio.Task[None]] = set()
         self._closed = False
@@ -152,49 +158,70 @@ class GroupCommit:
                 future.set_result(outcome)
 
     async def _transaction(self, requests: list[AppendRequest]) -> Batch:
-        for attempt in range(_ATTEMPTS):
-            committing = False
-            conn = self._take_begun()
+        """The batch in one transaction, tried again (at once, at most ``_ATTEMPTS`` times in all) after a
+        deadlock or a connection lost before its COMMIT was sent; every try within one deadline."""
+        until = asyncio.get_running_loop().time() + self._pool.connecting.timeout_seconds
+        retryable = (asyncpg.DeadlockDetectedError, _Unsent)
+        try:
             try:
-                if conn is None:  # inside the try: a connection that cannot be had is retried like a lost one
-                    conn = await self._pool.acquire()
+                # the first try runs bare: every transaction pays it, and the retry loop costs ~16 us
+                return await self._attempt(requests, until)
+            except retryable:
+                pass
+            async for attempt in AsyncRetrying(
+                stop=stop_after_attempt(_ATTEMPTS - 1), retry=retry_if_exception_type(retryable), reraise=True
+            ):
+                with attempt:
+                    return await self._attempt(requests, until)
+        except _Unsent as exc:
+            assert exc.__cause__ is not None
+            raise exc.__cause__ from None
+        raise AssertionError("unreachable")
+
+    async def _attempt(self, requests: list[AppendRequest], until: float) -> Batch:
+        committing = False
+        conn = self._take_begun()
+        try:
+            if conn is None:  # inside the try: a connection that cannot be had is retried like a lost one
+                conn = await self._pool.take(until)
+            with db.deadline(conn, until):
                 if not conn.is_in_transaction():
-                    await conn.execute("BEGIN")
+                    await conn.execute(BEGIN)
                 batch = await append_batch(conn, requests)
                 committing = True
+                sent_at = self._durability.tick()
                 if (self._batches.queued or len(requests) > 1) and not self._closed:
                     # Busy (requests wait, or this batch carried several): the next transaction is
                     # likely to follow at once, so this COMMIT begins it in the same round trip, and it
                     # opens with its lock statement. Keeping only when requests were queued at COMMIT
                     # caught half the transactions at 32 connections: their next requests were still on
                     # the way. An unused one is given back after KEEP_SECONDS.
-                    await conn.execute("COMMIT; BEGIN")
+                    await conn.execute("COMMIT; " + BEGIN)
                     self._keep_begun(conn)
                     conn = None
                 else:
                     await conn.execute("COMMIT")
-                return batch
-            except asyncpg.DeadlockDetectedError:
-                # only lockers outside our key order can cause one; the batch is still whole
-                if attempt == _ATTEMPTS - 1:
-                    raise
-            except DB_UNAVAILABLE as exc:
-                # A connection lost before its COMMIT was sent committed nothing, so the batch is tried
-                # again on another (after a failover every pooled connection is dead, and each would
-                # otherwise cost its batch a 503). asyncpg's InternalClientError refuses a statement
-                # before sending it, so a COMMIT refused with it was not sent either (store.db). Lost
-                # during the COMMIT, the outcome is unknown: the callers get the 503, and their
-                # Idempotency-Keys make their retries safe.
-                unsent = not committing or isinstance(exc, asyncpg.InternalClientError)
-                if not unsent or attempt == _ATTEMPTS - 1:
-                    raise
-                log.info("group commit lost its connection before COMMIT was sent (%s); trying again on another", exc)
-            finally:
-                if conn is not None:
-                    await self._release(conn)
-        raise AssertionError("unreachable")
+            if batch.timeline is not None:  # it wrote WAL, so its COMMIT waited for what replication requires
+                self._durability.commit_returned(sent_at, batch.timeline)
+                self._durability.note_written(batch.written, batch.timeline)
+            return batch
+        except DB_UNAVAILABLE as exc:
+            # A connection lost before its COMMIT was sent committed nothing, so the batch is tried
+            # again on another (after a failover every pooled connection is dead, and each would
+            # otherwise cost its batch a 503). asyncpg's InternalClientError refuses a statement before
+            # sending it, so a COMMIT refused with it was not sent either (store.db). Lost during the
+            # COMMIT, or out of time, the callers get the 503, and their Idempotency-Keys make their
+            # retries safe.
+            unsent = not committing or isinstance(exc, asyncpg.InternalClientError)
+            if unsent and lost_connection(exc):
+                log.info("group commit lost its connection before COMMIT was sent (%s); trying again", exc)
+                raise _Unsent() from exc
+            raise
+        finally:
+            if conn is not None:
+                await self._release(conn)
 
-    async def _release(self, conn: asyncpg.pool.PoolConnectionProxy) -> None:
+    async def _release(self, conn: asyncpg.Connection) -> None:
         # a transaction that failed is rolled back here: the pool would too, but log it as a leak
         try:
             if not conn.is_closed() and conn.is_in_transaction():
@@ -204,37 +231,45 @@ class GroupCommit:
         finally:
             await self._pool.release(conn)
 
-    def _keep_begun(self, conn: asyncpg.pool.PoolConnectionProxy) -> None:
+    def _keep_begun(self, conn: asyncpg.Connection) -> None:
         # Transactions can run at once (a refused batch is retried request by request), and each may begin
         # the next: one is kept, the one it replaces goes back (dropped, it stayed in its transaction).
         self._give_back_soon(self._take_begun())
         self._begun = conn
         self._give_back = asyncio.get_running_loop().call_later(self._keep_seconds, self._give_back_unused, conn)
 
-    def _take_begun(self) -> asyncpg.pool.PoolConnectionProxy | None:
+    def _take_begun(self) -> asyncpg.Connection | None:
         conn, self._begun = self._begun, None
         if self._give_back is not None:
             self._give_back.cancel()
             self._give_back = None
         return conn
 
-    def _give_back_unused(self, conn: asyncpg.pool.PoolConnectionProxy) -> None:
+    def _give_back_unused(self, conn: asyncpg.Connection) -> None:
         if self._begun is conn:  # not taken meanwhile
             self._give_back_soon(self._take_begun())
 
-    def _give_back_soon(self, conn: asyncpg.pool.PoolConnectionProxy | None) -> None:
+    def _give_back_soon(self, conn: asyncpg.Connection | None) -> None:
         if conn is not None:
             task = asyncio.create_task(self._release(conn), name="wfs-group-commit-give-back")
             self._giving_back.add(task)
             task.add_done_callback(self._giving_back.discard)
 
     async def close(self) -> None:
-        """Give back the connection a busy moment left begun (the pool's close waits for it)."""
+        """Let the transactions in flight end (each within its deadline), then give back the connection a
+        busy moment left begun (the pool's close waits for it). A COMMIT is never cancelled: its task
+        is this object's, and it ends before the event loop's own shutdown would cancel it (a cancelled
+        COMMIT waiting for a synchronous standby stays committed unreplicated: store.db)."""
         self._closed = True
+        await self._batches.drain()
         conn = self._take_begun()
         if conn is not None:
             await self._release(conn)
         await asyncio.gather(*self._giving_back)
+
+
+class _Unsent(Exception):
+    """The batch's connection was lost before its COMMIT was sent: nothing was committed (the cause)."""
 
 
 def _turns(count: int) -> Callable[[], Awaitable[None]]:

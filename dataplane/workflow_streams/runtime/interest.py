@@ -27,7 +27,8 @@ from collections.abc import Iterable
 
 import asyncpg
 
-from ..store import watched
+from ..store import db, watched
+from ..store.appends import BEGIN
 from ..store.db import DB_UNAVAILABLE
 from .batches import Batches
 
@@ -40,7 +41,7 @@ TTL_SECONDS = 60.0
 
 
 class Interest:
-    def __init__(self, pool: asyncpg.Pool, ttl: float = TTL_SECONDS) -> None:
+    def __init__(self, pool: db.Pool, ttl: float = TTL_SECONDS) -> None:
         self._pool = pool
         self._ttl = ttl
         # per marked stream, until when (this process's monotonic clock) its mark certainly lasts
@@ -95,7 +96,8 @@ class Interest:
         started = loop.time()  # before Postgres' now(): the mark lasts at least ttl from here
         marked: set[StreamKey] = set()
         try:
-            async with self._pool.acquire() as conn:
+            # the append statements' planner settings: the mark's array statement is planned like theirs
+            async with self._pool.acquire() as conn, db.transaction(conn, BEGIN):
                 marked = await watched.mark(conn, keys, self._ttl)
         except Exception as exc:
             # the watchers go on: their first read says what is wrong with Postgres, if anything, and

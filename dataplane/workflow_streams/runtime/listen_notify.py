@@ -20,15 +20,13 @@ may wait for: records of streams no process watches are not announced at all (``
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 
 import asyncpg
 
 from ..domain.wakes import CHANNEL, MalformedPayload, Signal, decode
-from ..store import notify
-from ..store.db import DB_UNAVAILABLE
+from ..store import db, notify
 from .wakes import Deliver
 
 log = logging.getLogger(__name__)
@@ -41,48 +39,44 @@ MIN_NOTIFY_INTERVAL_SECONDS = 0.005
 
 
 class ListenNotify:
+    """The listening connection and the notifier, as two loops for the supervisor: each raises when its
+    connection is lost, and is started again (``runtime.supervisor``). Never through a transaction
+    pooler: LISTEN receives nothing there (``config`` sees to it)."""
+
     def __init__(
         self,
         dsn: str,
         sender: str,
         *,
+        connecting: db.Connecting = db.DIRECT,
         keepalive_seconds: float = 5.0,
         application_name: str = "wfs-listen",
         min_interval: float = MIN_NOTIFY_INTERVAL_SECONDS,
     ) -> None:
         self._dsn = dsn
         self._sender = sender
+        self._connecting = connecting
         self._keepalive = keepalive_seconds
         self._min_interval = min_interval
         self._application_name = application_name
         self.connected = asyncio.Event()
-        self.reconnects = 0
+        # LISTEN connections made so far: every one after the first may have missed notifications
+        self.connections = 0
         self._deliver: Deliver | None = None
+        self._lost: Callable[[], None] | None = None
         self._pending: dict[tuple[str, str, str], Signal] = {}
         self._has_pending = asyncio.Event()
-        self._tasks: list[asyncio.Task[None]] = []
-        self._listen_conn: asyncpg.Connection | None = None
-        self._notify_conn: asyncpg.Connection | None = None
-        self._lost: Callable[[], None] | None = None
+        self._open: set[asyncpg.Connection] = set()
 
-    async def start(self, deliver: Deliver, lost: Callable[[], None]) -> None:
+    def loops(self, deliver: Deliver, lost: Callable[[], None]) -> dict[str, Callable[[], Awaitable[None]]]:
         self._deliver, self._lost = deliver, lost
-        self._tasks = [
-            asyncio.create_task(self._listen(), name="wfs-listen"),
-            asyncio.create_task(self._notify(), name="wfs-notify"),
-        ]
-        # a first connection failure is reported at start-up rather than hidden in the loop
-        await asyncio.wait_for(self.connected.wait(), timeout=30)
+        return {"listen": self._listen, "notify": self._notify}
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        for conn in (self._listen_conn, self._notify_conn):
-            if conn is not None and not conn.is_closed():
-                await conn.close()
+        for conn in list(self._open):
+            conn.terminate()
+        self._open.clear()
+        self.connected.clear()
 
     def send(self, signals: Iterable[Signal]) -> None:
         for signal in signals:
@@ -95,34 +89,38 @@ class ListenNotify:
         if self._pending:
             self._has_pending.set()
 
+    async def _connect(self, application_name: str) -> asyncpg.Connection:
+        conn = await db.connect(self._dsn, self._connecting, application_name)
+        self._open.add(conn)
+        return conn
+
+    def _close(self, conn: asyncpg.Connection | None) -> None:
+        if conn is not None:
+            self._open.discard(conn)
+            conn.terminate()
+
     async def _notify(self) -> None:
-        backoff = 0.1
         loop = asyncio.get_running_loop()
         next_send = loop.time()
-        while True:
-            await self._has_pending.wait()
-            if (wait := next_send - loop.time()) > 0:
-                await asyncio.sleep(wait)  # what queues meanwhile goes in the same payloads
-            next_send = loop.time() + self._min_interval
-            self._has_pending.clear()
-            batch, self._pending = self._pending, {}
-            try:
-                if self._notify_conn is None or self._notify_conn.is_closed():
-                    self._notify_conn = await asyncpg.connect(
-                        self._dsn, server_settings={"application_name": self._application_name + "-notify"}
-                    )
-                await notify.send(self._notify_conn, batch.values(), self._sender)
-                backoff = 0.1
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # the sender must outlive any failure, or other processes hear nothing
-                _log_failure(exc, "NOTIFY failed", backoff)
-                if self._notify_conn is not None:
-                    self._notify_conn.terminate()
-                    self._notify_conn = None
-                self.send(batch.values())  # merged with anything newer
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 5.0)
+        conn: asyncpg.Connection | None = None
+        try:
+            while True:
+                await self._has_pending.wait()
+                if (wait := next_send - loop.time()) > 0:
+                    await asyncio.sleep(wait)  # what queues meanwhile goes in the same payloads
+                next_send = loop.time() + self._min_interval
+                self._has_pending.clear()
+                batch, self._pending = self._pending, {}
+                try:
+                    if conn is None:
+                        conn = await self._connect(self._application_name + "-notify")
+                    with db.deadline(conn, loop.time() + self._connecting.timeout_seconds):
+                        await notify.send(conn, batch.values(), self._sender)
+                except BaseException:
+                    self.send(batch.values())  # merged with anything newer, for the next run to send
+                    raise
+        finally:
+            self._close(conn)
 
     def _on_notify(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
         try:
@@ -134,44 +132,29 @@ class ListenNotify:
             self._deliver(signals)
 
     async def _listen(self) -> None:
-        backoff = 0.1
-        while True:
-            try:
-                conn = await asyncpg.connect(self._dsn, server_settings={"application_name": self._application_name})
-                self._listen_conn = conn
-                lost = asyncio.Event()
-                conn.add_termination_listener(lambda _conn, lost=lost: lost.set())
-                await conn.add_listener(CHANNEL, self._on_notify)
-                self.connected.set()
-                if self.reconnects:
-                    log.info("LISTEN connection re-established; waking all watchers to re-read")
-                    if self._lost is not None:
-                        self._lost()  # notifications sent while we were away are gone
-                backoff = 0.1
-                while not lost.is_set():
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(lost.wait(), self._keepalive)
-                        break
-                    # a silent network loss shows up only when we ask
-                    await asyncio.wait_for(conn.fetchval("SELECT 1"), timeout=self._keepalive)
-                raise ConnectionError("LISTEN connection terminated")
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # likewise the listener: its end would leave only the polls
-                self.connected.clear()
-                self.reconnects += 1
-                _log_failure(exc, "LISTEN connection lost", backoff)
-                if self._listen_conn is not None:
-                    self._listen_conn.terminate()
-                    self._listen_conn = None
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 5.0)
-
-
-def _log_failure(exc: Exception, what: str, backoff: float) -> None:
-    """A lost connection is expected (a restart, a failover, a killed backend): one line. Anything else
-    is a bug, logged with its traceback, and the loop still carries on."""
-    if isinstance(exc, (*DB_UNAVAILABLE, asyncpg.PostgresError)):
-        log.warning("%s (%s); retrying in %.1fs", what, exc, backoff)
-    else:
-        log.error("%s unexpectedly; retrying in %.1fs", what, backoff, exc_info=exc)
+        conn: asyncpg.Connection | None = None
+        try:
+            conn = await self._connect(self._application_name)
+            lost = asyncio.Event()
+            conn.add_termination_listener(lambda _conn: lost.set())
+            await conn.add_listener(CHANNEL, self._on_notify)
+            self.connected.set()
+            self.connections += 1
+            if self.connections > 1:
+                log.info("LISTEN connection re-established; waking all watchers to re-read")
+                if self._lost is not None:
+                    self._lost()  # notifications sent while we were away are gone
+            loop = asyncio.get_running_loop()
+            while not lost.is_set():
+                try:
+                    await asyncio.wait_for(lost.wait(), self._keepalive)
+                    break
+                except TimeoutError:
+                    pass
+                # a silent network loss shows up only when we ask
+                with db.deadline(conn, loop.time() + self._keepalive):
+                    await conn.fetchval("SELECT 1")
+            raise ConnectionError("LISTEN connection terminated")
+        finally:
+            self.connected.clear()
+            self._close(conn)

@@ -16,11 +16,14 @@ import asyncio
 import bisect
 import functools
 
-import asyncpg
-
 from .. import wire
+from ..domain.authz import Action, Caller
+from ..domain.errors import StreamError
+from ..store import reads
+from ..store.db import Pool
 from ..store.reads import Page, PageKey, fetch_pages
 from .batches import Batches
+from .durability import Durability
 from .wakes import WakeHub
 
 
@@ -92,10 +95,18 @@ class SharedReads:
     MAX_KEPT_RECORDS = 16_384
 
     def __init__(
-        self, pool: asyncpg.Pool, hub: WakeHub, *, max_inflight: int = MAX_INFLIGHT, max_batch: int = MAX_BATCH
+        self,
+        pool: Pool,
+        hub: WakeHub,
+        durability: Durability,
+        *,
+        max_inflight: int = MAX_INFLIGHT,
+        max_batch: int = MAX_BATCH,
     ) -> None:
         self._pool = pool
         self._hub = hub
+        self._durability = durability
+        self._confirming: set[asyncio.Task[None]] = set()
         self._flights: dict[PageKey, _Flight] = {}  # the newest read of each key, queued or running
         # the newest ended read of each key, oldest first, kept while the clock stays where it was
         self._kept: dict[PageKey, _Flight] = {}
@@ -122,12 +133,38 @@ class SharedReads:
         try:
             async with self._pool.acquire() as conn:
                 outcomes = await fetch_pages(conn, [key for key, _ in batch])
+            read_at = self._durability.tick()
         except BaseException as exc:  # the statement failed: every reader of the batch learns why
             for key, flight in batch:
                 self._settle(key, flight, exc)
             if not isinstance(exc, Exception):
                 raise
             return
+        pages = [((key[0], key[1]), outcome) for (key, _), outcome in zip(batch, outcomes, strict=True)]
+        if self._durability.unconfirmed(pages):
+            # confirmed outside this batch's slot: the next statement need not wait for a barrier
+            task = asyncio.create_task(self._confirm(batch, pages, read_at), name="wfs-shared-reads-confirm")
+            self._confirming.add(task)
+            task.add_done_callback(self._confirming.discard)
+            return
+        self._settle_all(batch, outcomes)
+
+    async def _confirm(
+        self,
+        batch: list[tuple[PageKey, _Flight]],
+        pages: list[tuple[tuple[str, str], Page | StreamError]],
+        read_at: int,
+    ) -> None:
+        until = asyncio.get_running_loop().time() + self._pool.connecting.timeout_seconds
+        try:
+            served = await self._durability.confirmed(pages, read_at, until)
+        except BaseException as exc:
+            for key, flight in batch:
+                self._settle(key, flight, exc)
+            raise
+        self._settle_all(batch, served)
+
+    def _settle_all(self, batch: list[tuple[PageKey, _Flight]], outcomes: list[Page | StreamError]) -> None:
         for (key, flight), outcome in zip(batch, outcomes, strict=True):
             self._settle(key, flight, SharedPage(outcome) if isinstance(outcome, Page) else outcome)
 
@@ -172,3 +209,28 @@ class SharedReads:
         else:
             flight.future.set_exception(outcome)
             flight.future.exception()  # retrieved here: its readers may all have gone
+
+
+async def read_page(
+    pool: Pool,
+    durability: Durability,
+    run_id: str,
+    stream_id: str,
+    after: int,
+    limit: int,
+    *,
+    caller: Caller | None = None,
+    right: Action = "read",
+    client_region: str | None = None,
+) -> Page:
+    """One caller's page (``store.reads.fetch_page``: with ``caller``, its rights first), as it may be
+    served: only what is as durable as an acknowledged append (``runtime.durability``)."""
+    async with pool.acquire() as conn:
+        page = await reads.fetch_page(
+            conn, run_id, stream_id, after, limit, caller=caller, right=right, client_region=client_region
+        )
+    read_at = durability.tick()
+    until = asyncio.get_running_loop().time() + pool.connecting.timeout_seconds
+    [served] = await durability.confirmed([((run_id, stream_id), page)], read_at, until)
+    assert isinstance(served, Page)
+    return served

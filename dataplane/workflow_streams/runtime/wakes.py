@@ -24,15 +24,15 @@ import contextlib
 import logging
 import os
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from typing import Protocol
-
-import asyncpg
 
 from ..domain.wakes import ACKS, INPUTS, RECORDS, Signal
 from ..store import heads
-from ..store.db import DB_UNAVAILABLE
+from ..store.db import Pool
+from .durability import Durability
 from .interest import Interest
+from .supervisor import Supervisor
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +92,7 @@ class _Topic:
         self.generation = 0
 
 
-Deliver = Callable[[Iterable[Signal]], None]
+Deliver = Callable[[list[Signal]], None]
 
 
 class WakeSource(Protocol):
@@ -101,11 +101,13 @@ class WakeSource(Protocol):
     # set while signals from other processes can arrive (readiness)
     connected: asyncio.Event
 
-    async def start(self, deliver: Deliver, lost: Callable[[], None]) -> None:
-        """``deliver`` takes signals from other processes; ``lost`` is called when some may have been
-        lost (a reconnect), so that every watcher re-reads."""
+    def loops(self, deliver: Deliver, lost: Callable[[], None]) -> dict[str, Callable[[], Awaitable[None]]]:
+        """The source's background loops, by name, for the supervisor to run. ``deliver`` takes signals
+        from other processes; ``lost`` is called when some may have been lost (a reconnect), so that
+        every watcher re-reads."""
 
-    async def stop(self) -> None: ...
+    async def stop(self) -> None:
+        """Close what the loops left open (the supervisor has cancelled them)."""
 
     def send(self, signals: Iterable[Signal]) -> None:
         """Pass signals of commits that already returned on to other processes (never blocks)."""
@@ -115,36 +117,40 @@ class WakeHub:
     def __init__(
         self,
         source: WakeSource,
-        pool: asyncpg.Pool | None,
+        pool: Pool | None,
         poll_seconds: float,
         *,
         interest: Interest | None = None,
+        durability: Durability | None = None,
     ) -> None:
         """``interest`` marks the streams watched here for other processes' appenders (with a wake source
-        that carries signals between processes; poll-only mode needs none)."""
+        that carries signals between processes; poll-only mode needs none). ``durability`` learns from
+        other processes' signals: each is sent after its commit returned."""
         self.source = source
         self._pool = pool
         self._poll_seconds = poll_seconds
         self._interest = interest
+        self._durability = durability
         self._topics: dict[tuple[str, str, str], _Topic] = {}
         # ticks once per signal delivered; only ever grows
         self.clock = 0
-        self._poller: asyncio.Task[None] | None = None
 
     @property
     def connected(self) -> asyncio.Event:
         return self.source.connected
 
-    async def start(self) -> None:
-        await self.source.start(self._deliver, self.wake_everyone)
+    async def start(self, supervisor: Supervisor, connect_seconds: float = 30.0) -> None:
+        """The source's loops and the head poller, under ``supervisor`` (all critical: live delivery
+        needs them). Waits until the source is connected, so that a database unreachable at start-up is
+        reported then (``TimeoutError``) rather than only in the log."""
+        for name, loop in self.source.loops(self._deliver_remote, self.wake_everyone).items():
+            supervisor.start(name, loop, critical=True)
         if self._pool is not None and self._poll_seconds > 0:
-            self._poller = asyncio.create_task(self._poll_heads(), name="wfs-head-poller")
+            supervisor.start("head-poller", self._poll_heads, critical=True)
+        await asyncio.wait_for(self.connected.wait(), timeout=connect_seconds)
 
     async def stop(self) -> None:
-        if self._poller is not None:
-            self._poller.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._poller
+        """After the supervisor has stopped the loops."""
         await self.source.stop()
 
     @contextlib.contextmanager
@@ -191,6 +197,12 @@ class WakeHub:
         self._deliver(signals)
         self.source.send(signals if remote is None else remote)
 
+    def _deliver_remote(self, signals: list[Signal]) -> None:
+        """Signals from other processes: what they vouch for is durable (their commits returned)."""
+        if self._durability is not None:
+            self._durability.note_signals(signals)
+        self._deliver(signals)
+
     def _deliver(self, signals: Iterable[Signal]) -> None:
         for signal in signals:
             # ticks for unwatched streams too: a read that started before this signal is older than
@@ -210,7 +222,8 @@ class WakeHub:
             self._deliver([Signal(kind, _ANY, _ANY)])
 
     async def _poll_heads(self) -> None:
-        """Wake watchers whose stream moved past them without a signal reaching this process."""
+        """Wake watchers whose stream moved past them without a signal reaching this process. A failed
+        poll raises: the supervisor restarts the poller, and readiness fails until it runs again."""
         assert self._pool is not None
         while True:
             await asyncio.sleep(self._poll_seconds)
@@ -223,12 +236,8 @@ class WakeHub:
             ]
             if not keys:
                 continue
-            try:
-                async with self._pool.acquire() as conn:
-                    found = await heads.fetch(conn, keys)
-            except DB_UNAVAILABLE as exc:
-                log.warning("head poll failed: %s", exc)
-                continue
+            async with self._pool.acquire() as conn:
+                found = await heads.fetch(conn, keys)
             for run_id, stream_id in keys:
                 topic = self._topics.get((RECORDS, run_id, stream_id))
                 if topic is None:
@@ -256,8 +265,9 @@ class PollOnly:
     def __init__(self) -> None:
         self.connected = asyncio.Event()
 
-    async def start(self, deliver: Deliver, lost: Callable[[], None]) -> None:
+    def loops(self, deliver: Deliver, lost: Callable[[], None]) -> dict[str, Callable[[], Awaitable[None]]]:
         self.connected.set()
+        return {}
 
     async def stop(self) -> None:
         self.connected.clear()

@@ -40,7 +40,8 @@ from ..domain.errors import (
 from ..domain.pins import Credit, StreamPins
 from ..domain.records import DEFAULT_CONTENT_TYPE, RecordIn, request_digest
 from ..domain.wakes import INPUTS, RECORDS, Signal
-from . import streams
+from . import db, streams
+from .wal import TIMELINE
 
 RETRY_AFTER_SECONDS = 1
 
@@ -92,14 +93,18 @@ class Batch:
     records_by_kind: dict[str, int] = field(default_factory=dict)
     # (run, stream, sequence, pins, record) for the payload log
     appended: list[tuple[str, str, int, StreamPins, RecordIn]] = field(default_factory=list)
+    # the WAL timeline the writes ran on (store.wal), when there were any: the lock statement's (the
+    # transaction runs on one server)
+    timeline: str | None = None
 
     def signals(self) -> list[Signal]:
         """The wake signals to publish once the transaction committed."""
         out = []
+        timeline = self.timeline or ""
         for (run_id, stream_id), (first, last, is_input) in self.written.items():
-            out.append(Signal(RECORDS, run_id, stream_id, first, last))
+            out.append(Signal(RECORDS, run_id, stream_id, first, last, timeline))
             if is_input:
-                out.append(Signal(INPUTS, run_id, stream_id, first, last))
+                out.append(Signal(INPUTS, run_id, stream_id, first, last, timeline))
         return out
 
     def remote_signals(self) -> list[Signal]:
@@ -109,17 +114,22 @@ class Batch:
         return [s for s in self.signals() if s.kind == INPUTS or (s.run_id, s.stream_id) in self.watched]
 
 
-# The settings of the connections that run this module's statements (group commit has its own pool with
-# them, api/app.py). Generic plans: with array parameters Postgres otherwise keeps custom plans and
-# planned the batch statements again on every transaction (bench/README.md, "Postgres' CPU per append at
-# low concurrency"). No sequential scans: a generic plan is made once per connection, from the statistics
-# of that moment, and kept for its life. Made while wfs_streams held 1,000 rows, the lock statement's
-# plan was a hash join over a sequential scan of every stream row (the array estimated at 10 elements),
-# and every transaction after it walked the table and its dead versions: the two append backends at 0.7
-# of a core each for 377 appends/s at 1,000 streams x 8 connections, 1,268/s without it; at a million
-# streams it would be a million rows a transaction. Every statement here is a keyed lookup per array
-# element, right at any table size.
-CONNECTION_SETTINGS = {"plan_cache_mode": "force_generic_plan", "enable_seqscan": "off"}
+# The planner settings of the transactions that run this module's statements. Generic plans: with array
+# parameters Postgres otherwise keeps custom plans and planned the batch statements again on every
+# transaction (bench/README.md, "Postgres' CPU per append at low concurrency"). No sequential scans: a
+# generic plan is made once per connection, from the statistics of that moment, and kept for the
+# connection's life. Made while wfs_streams held 1,000 rows, the lock statement's plan was a hash join
+# over a sequential scan of every stream row (the array estimated at 10 elements), and every transaction
+# after it walked the table and its dead versions: the two append backends at 0.7 of a core each for 377
+# appends/s at 1,000 streams x 8 connections, 1,268/s without it; at a million streams it would be a
+# million rows a transaction. Every statement here is a keyed lookup per array element, right at any
+# table size.
+TRANSACTION_SETTINGS = {"plan_cache_mode": "force_generic_plan", "enable_seqscan": "off"}
+# What begins the transactions that run this module's statements (and ``store.watched``'s marks): the
+# settings are SET LOCAL, so they hold for the transaction only, which is all a transaction pooler allows
+# (store.db); on a direct connection too, so that there is one way. The cached generic plans are made
+# under them, in the first transaction that runs each statement.
+BEGIN = "BEGIN; " + " ".join(f"SET LOCAL {name} = {value};" for name, value in TRANSACTION_SETTINGS.items())
 
 # Every stream row of the batch, locked in key order (so lockers of overlapping sets never deadlock),
 # with the slowest consumer's ack and the cumulative bytes through it, in one round trip: lock and
@@ -137,10 +147,12 @@ CONNECTION_SETTINGS = {"plan_cache_mode": "force_generic_plan", "enable_seqscan"
 # whole table (Postgres at a full core for 550 appends/s in the benchmark; auto_explain showed it).
 # The ack is read in the statement's snapshot, which may predate the lock's wait: acks only advance,
 # so an older one can only refuse credit that a retry (woken by the ack's signal) then grants.
-# The stream's columns are named, without the pins document (``streams.pins_for``).
-_LOCK = """
+# The stream's columns are named, without the pins document (``streams.pins_for``), with the WAL timeline
+# the transaction runs on (store.wal: what its COMMIT confirms).
+_LOCK = db.kept(f"""
 SELECT s.stream_key, s.run_id, s.stream_id, s.pins_digest, s.created_by, s.last_sequence, s.appended_bytes,
        s.earliest_sequence, s.pruned_bytes, s.closed_at, m.min_ack, s.watched_until > now() AS watched,
+       {TIMELINE} AS timeline,
        (SELECT r.cumulative_bytes FROM wfs_records r
         WHERE r.stream_key = s.stream_key AND r.sequence = m.min_ack) AS ack_bytes
 FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS k(run_id, stream_id, position)
@@ -152,10 +164,10 @@ CROSS JOIN LATERAL (
     WHERE c.run_id = s.run_id AND c.stream_id = s.stream_id
 ) m
 ORDER BY k.position
-"""
+""")
 
 # per key for the same reason (OFFSET 0 keeps the planner from flattening it into a join)
-_RECEIPTS = """
+_RECEIPTS = db.kept("""
 SELECT r.run_id, r.stream_id, r.idempotency_key, r.request_digest, r.first_sequence, r.last_sequence
 FROM unnest($1::text[], $2::text[], $3::text[]) AS k(run_id, stream_id, idempotency_key)
 CROSS JOIN LATERAL (
@@ -163,7 +175,7 @@ CROSS JOIN LATERAL (
     WHERE r.run_id = k.run_id AND r.stream_id = k.stream_id AND r.idempotency_key = k.idempotency_key
     OFFSET 0
 ) r
-"""
+""")
 
 # Every write of a batch in one statement: data-modifying CTEs all run, referenced or not. A record row
 # holds the stream's surrogate key, not its names, and neither kind nor size (migration 482: both are
@@ -191,13 +203,13 @@ WITH records AS (
     WHERE s.stream_key = c.stream_key AND s.stream_key = ANY($8::bigint[])
 )"""
 
-_WRITE_RECORDS = _RECORDS_AND_COUNTERS + "\nSELECT 1\n"
+_WRITE_RECORDS = db.kept(_RECORDS_AND_COUNTERS + "\nSELECT 1\n")
 
 # With Idempotency-Key receipts or input deliveries to write too. Most batches have neither and take the
 # statement above: an empty INSERT still opens its table and indexes, and its arrays are still encoded
 # (Postgres 310-317 against 333-343 us of CPU for a 12-record batch, and 9-13 us less of Python,
 # measured on one connection).
-_WRITE = (
+_WRITE = db.kept(
     _RECORDS_AND_COUNTERS
     + """, receipts AS (
     INSERT INTO wfs_append_receipts
@@ -380,6 +392,7 @@ async def append_batch(conn: asyncpg.Connection, requests: Sequence[AppendReques
             await conn.execute(_WRITE, *arguments, *columns.receipts, *columns.deliveries)
         else:
             await conn.execute(_WRITE_RECORDS, *arguments)
+        batch.timeline = next(iter(rows.values()))["timeline"]
     return batch
 
 

@@ -8,7 +8,7 @@ import asyncpg
 
 from ..domain.authz import Principal
 from ..domain.errors import AckRegression, ConsumerScopeMismatch, FutureAck
-from . import streams
+from . import db, streams
 
 
 async def ack(
@@ -19,7 +19,7 @@ async def ack(
     sequence: int,
     principal: Principal,
 ) -> dict[str, Any]:
-    async with conn.transaction():
+    async with db.transaction(conn):
         stream = await streams.load(conn, run_id, stream_id, caller=principal, right="ack")
         if sequence > stream.last_sequence:
             raise FutureAck(

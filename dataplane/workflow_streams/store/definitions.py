@@ -16,7 +16,7 @@ from ..domain.authz import Caller, permits
 from ..domain.errors import Forbidden, PinsConflict, StreamHeld
 from ..domain.pins import StreamPins
 from ..domain.wakes import RECORDS, Signal
-from . import notify, streams
+from . import db, notify, streams
 from .streams import COLUMNS, StreamRow
 
 
@@ -164,7 +164,7 @@ async def lock_stream(conn: asyncpg.Connection, run_id: str, stream_id: str) -> 
 
 
 async def close_stream(conn: asyncpg.Connection, run_id: str, stream_id: str, caller: Caller) -> StreamState:
-    async with conn.transaction():
+    async with db.transaction(conn):
         stream = await streams.load(conn, run_id, stream_id, lock=True, caller=caller, right="close")
         if stream.closed_at is None:
             row = await conn.fetchrow(
@@ -191,7 +191,7 @@ async def set_legal_hold(
     """Place or release one hold, recording who and when. Holds stack; the stream is held while any is
     active. ``caller`` needs the ``legal_hold`` right (the operator passes ``Trusted``: Kubernetes RBAC
     on StreamLegalHold objects authorized it)."""
-    async with conn.transaction():
+    async with db.transaction(conn):
         stream = await streams.load(conn, run_id, stream_id, lock=True, caller=caller, right="legal_hold")
         if enabled:
             await conn.execute(
@@ -234,7 +234,7 @@ async def delete_stream(
     """Close and delete a stream; its objects go to the deletion outbox (which outlives the stream).
     Refused while a legal hold exists. Returns the (region, bucket, key) queued for deletion. Deleting
     ends the stream for everyone: ``caller`` needs the right that ends streams (``close``)."""
-    async with conn.transaction():
+    async with db.transaction(conn):
         stream = await streams.find(conn, run_id, stream_id, lock=True)
         if stream is None:
             return []

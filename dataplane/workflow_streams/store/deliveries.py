@@ -10,6 +10,7 @@ import asyncpg
 
 from ..domain.records import StoredRecord
 from .reads import RECORD_COLUMNS, stored_record
+from .wal import TIMELINE
 
 # A stream is due when its head (lowest undelivered row) is pending and its time has come.
 # A failed head blocks the rows behind it: per-stream order is never given up silently.
@@ -39,7 +40,8 @@ LIMIT $2
 # the record's columns first (``stored_record`` reads them by position); records are keyed by the
 # stream's surrogate key (migration 482), deliveries by its names
 _HEAD = f"""
-SELECT {RECORD_COLUMNS}, d.event_id, d.attempts, d.next_attempt_at <= now() AS due, d.state
+SELECT {RECORD_COLUMNS}, d.event_id, d.attempts, d.next_attempt_at <= now() AS due, d.state,
+       {TIMELINE} AS timeline
 FROM wfs_streams s
 JOIN wfs_input_deliveries d ON d.run_id = s.run_id AND d.stream_id = s.stream_id
 JOIN wfs_records r ON r.stream_key = s.stream_key AND r.sequence = d.sequence
@@ -59,6 +61,8 @@ class Undelivered:
     # its next attempt's time has come
     due: bool
     state: str  # "pending" or "failed"
+    # the WAL timeline it was read on (store.wal)
+    timeline: str
 
 
 async def due_streams(conn: asyncpg.Connection, kind: str, limit: int) -> list[str]:
@@ -67,7 +71,7 @@ async def due_streams(conn: asyncpg.Connection, kind: str, limit: int) -> list[s
 
 async def head(conn: asyncpg.Connection, run_id: str, stream_id: str, limit: int) -> list[Undelivered]:
     return [
-        Undelivered(stored_record(r), r["event_id"], r["attempts"], r["due"], r["state"])
+        Undelivered(stored_record(r), r["event_id"], r["attempts"], r["due"], r["state"], r["timeline"])
         for r in await conn.fetch(_HEAD, run_id, stream_id, limit)
     ]
 

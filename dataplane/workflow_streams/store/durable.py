@@ -31,7 +31,7 @@ from ..domain.errors import InvalidInput, PinsConflict, StreamClosed, StreamHeld
 from ..domain.pins import StreamPins
 from ..domain.records import RecordIn
 from ..domain.wakes import RECORDS, Signal
-from . import appends, definitions
+from . import appends, db, definitions
 from .definitions import lock_stream, pins_of
 
 OWN_CONTENT_TYPE = "application/json"
@@ -167,7 +167,7 @@ async def create(
     """Create the stream with its initial records (and closed if asked), or find the same one: the
     same content type, lifetime and closed flag answer it again, anything else is a conflict. Callers
     decide who may learn that an existing stream exists."""
-    async with conn.transaction():
+    async with db.transaction(conn):
         existing = await fetch(conn, run_id, stream_id)
         if existing is not None and existing.expired and await _delete_expired(conn, existing):
             existing = None
@@ -249,7 +249,7 @@ async def append_guarded(
     """An append (and/or close) whose protocol checks must hold at the moment it is written: the
     closed state, the producer's epoch and sequence, Stream-Seq. All under the stream row lock in one
     transaction, so a producer's state can never disagree with the records (PROTOCOL.md 5.2.1)."""
-    async with conn.transaction():
+    async with db.transaction(conn):
         await lock_stream(conn, run_id, stream_id)
         meta = await fetch(conn, run_id, stream_id)
         if meta is None or meta.expired:  # the next load outside this transaction deletes it

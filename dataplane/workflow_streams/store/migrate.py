@@ -7,11 +7,14 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-import asyncpg
+from . import (
+    appends,  # noqa: F401  (imported, its statements register with db.kept: migrate makes their functions)
+    db,
+)
 
 log = logging.getLogger(__name__)
 
-# Any constant shared by all replicas; pg_advisory_lock serializes concurrent runners.
+# Any constant shared by all replicas; pg_advisory_xact_lock serializes concurrent runners.
 _LOCK_KEY = 0x7766_7300_0476
 _FILE = re.compile(r"(\d{4})_([a-z0-9_]+)\.sql")
 
@@ -40,34 +43,41 @@ def discover(directory: Path | None = None) -> list[Migration]:
     return found
 
 
-async def apply_migrations(dsn: str, directory: Path | None = None) -> list[int]:
-    """Apply pending migrations in order; returns the versions this call applied."""
-    conn = await asyncpg.connect(dsn)
+async def apply_migrations(dsn: str, directory: Path | None = None, connecting: db.Connecting = db.DIRECT) -> list[int]:
+    """Apply pending migrations in order; returns the versions this call applied.
+
+    Each migration is one transaction that first takes a transaction-level advisory lock, so concurrent
+    runners apply each migration once, in order, and nothing outlives a transaction: it works through a
+    transaction pooler as on a direct connection (a session-level lock would be taken on one server
+    connection and released on another)."""
+    conn = await db.connect(dsn, connecting, "wfs-migrate")
     try:
-        await conn.execute("SELECT pg_advisory_lock($1)", _LOCK_KEY)
-        try:
-            await conn.execute(
-                """CREATE TABLE IF NOT EXISTS wfs_schema_migrations (
-                       version integer PRIMARY KEY,
-                       name text NOT NULL,
-                       applied_at timestamptz NOT NULL DEFAULT now())"""
-            )
-            done = {r["version"] for r in await conn.fetch("SELECT version FROM wfs_schema_migrations")}
-            applied = []
-            for migration in discover(directory):
-                if migration.version in done:
+        applied = []
+        for migration in discover(directory):
+            async with db.transaction(conn):
+                await conn.execute("SELECT pg_advisory_xact_lock($1)", _LOCK_KEY)
+                await conn.execute(
+                    """CREATE TABLE IF NOT EXISTS wfs_schema_migrations (
+                           version integer PRIMARY KEY,
+                           name text NOT NULL,
+                           applied_at timestamptz NOT NULL DEFAULT now())"""
+                )
+                done = await conn.fetchval(
+                    "SELECT EXISTS (SELECT FROM wfs_schema_migrations WHERE version = $1)", migration.version
+                )
+                if done:
                     continue
-                async with conn.transaction():
-                    await conn.execute(migration.path.read_text())
-                    await conn.execute(
-                        "INSERT INTO wfs_schema_migrations (version, name) VALUES ($1, $2)",
-                        migration.version,
-                        migration.name,
-                    )
-                log.info("applied migration %04d_%s", migration.version, migration.name)
-                applied.append(migration.version)
-            return applied
-        finally:
-            await conn.execute("SELECT pg_advisory_unlock($1)", _LOCK_KEY)
+                await conn.execute(migration.path.read_text())
+                await conn.execute(
+                    "INSERT INTO wfs_schema_migrations (version, name) VALUES ($1, $2)",
+                    migration.version,
+                    migration.name,
+                )
+            log.info("applied migration %04d_%s", migration.version, migration.name)
+            applied.append(migration.version)
+        async with db.transaction(conn):
+            await conn.execute("SELECT pg_advisory_xact_lock($1)", _LOCK_KEY)
+            await db.kept_functions(conn)
+        return applied
     finally:
         await conn.close()

@@ -21,7 +21,7 @@ from ..domain.errors import (
 from ..domain.objects import ObjectPins, Prepared, can_move, choose_region, object_json, object_key
 from ..domain.records import RecordIn
 from ..domain.wakes import Signal
-from . import streams
+from . import db, streams
 from .appends import AppendResult, append_locked
 
 
@@ -101,7 +101,7 @@ async def prepare(
     bucket_of: Any,
 ) -> tuple[Intent, bool]:
     """Create the intent, or return the one this idempotency key already made. True if created."""
-    async with conn.transaction():
+    async with db.transaction(conn):
         stream = await streams.load(conn, run_id, stream_id, caller=principal, right="append")
         if stream.closed:
             raise StreamClosed("the stream is closed; appends are rejected")
@@ -211,7 +211,7 @@ async def commit(
 ) -> tuple[AppendResult, list[Signal]]:
     """Append the object record if S3's evidence agrees with the intent. A duplicate commit returns the
     original sequence. The caller publishes the wake signals after COMMIT."""
-    async with conn.transaction():
+    async with db.transaction(conn):
         await streams.load(conn, run_id, stream_id, lock=True, caller=principal, right="append")
         intent = await conn.fetchrow(
             "SELECT * FROM wfs_object_intents WHERE intent_id = $1 AND run_id = $2 AND stream_id = $3 FOR UPDATE",
@@ -256,7 +256,7 @@ async def commit(
 
 async def abort(conn: asyncpg.Connection, run_id: str, stream_id: str, intent_id: str, principal: Principal) -> str:
     """Abort an uncommitted intent; its object goes to the deletion outbox. Returns the final state."""
-    async with conn.transaction():
+    async with db.transaction(conn):
         intent = await get_intent(conn, run_id, stream_id, intent_id, principal)
         locked = await conn.fetchrow(
             "SELECT state FROM wfs_object_intents WHERE intent_id = $1 FOR UPDATE", uuid.UUID(intent.intent_id)

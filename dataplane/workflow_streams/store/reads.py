@@ -16,6 +16,7 @@ from ..domain.pins import StreamPins
 from ..domain.placement import check_egress
 from ..domain.records import DEFAULT_CONTENT_TYPE, StoredRecord
 from . import streams
+from .wal import TIMELINE
 
 # The columns of a stored record, in ``StoredRecord``'s field order: every query that returns records
 # selects these first, from ``wfs_records r``, so ``stored_record`` can take them by position. The row
@@ -49,6 +50,8 @@ class Page:
     closed: bool
     pins: StreamPins
     pins_digest: str
+    # the WAL timeline the read ran on (store.wal)
+    timeline: str
 
     @property
     def next_after(self) -> int | None:
@@ -63,12 +66,13 @@ class Page:
 # ROW()s in one row was tried first: it read 1 KiB records 40 % slower, the array built whole in
 # Postgres and decoded element by element.)
 # The records are found by the stream's surrogate key (migration 482), which the first branch's row
-# carries; it is not among the stream's columns the caller gets.
+# carries; it is not among the stream's columns the caller gets. That row also says which WAL timeline the
+# read ran on (store.wal: what confirms a read must have run on the same).
 _PAGE = f"""
 WITH s AS (SELECT stream_key, {streams.COLUMNS} FROM wfs_streams WHERE run_id = $1 AND stream_id = $2)
-SELECT {RECORD_NULLS}, 0 AS part, {streams.COLUMNS} FROM s
+SELECT {RECORD_NULLS}, 0 AS part, {streams.COLUMNS}, {TIMELINE} AS timeline FROM s
 UNION ALL
-SELECT p.*, 1, {STREAM_NULLS}
+SELECT p.*, 1, {STREAM_NULLS}, NULL
 FROM s, LATERAL (
     SELECT {RECORD_COLUMNS} FROM wfs_records r
     WHERE r.stream_key = s.stream_key AND r.sequence > $3 ORDER BY r.sequence LIMIT $4
@@ -93,9 +97,9 @@ WITH s AS (
         SELECT stream_key, {streams.COLUMNS} FROM wfs_streams WHERE run_id = k.run_id AND stream_id = k.stream_id
     ) w
 )
-SELECT {RECORD_NULLS}, 0 AS part, {streams.COLUMNS}, s.i FROM s
+SELECT {RECORD_NULLS}, 0 AS part, {streams.COLUMNS}, {TIMELINE} AS timeline, s.i FROM s
 UNION ALL
-SELECT p.*, 1, {STREAM_NULLS}, s.i
+SELECT p.*, 1, {STREAM_NULLS}, NULL, s.i
 FROM s, LATERAL (
     SELECT {RECORD_COLUMNS} FROM wfs_records r
     WHERE r.stream_key = s.stream_key AND r.sequence > s.after ORDER BY r.sequence LIMIT s.page_limit
@@ -156,12 +160,13 @@ def _page(
     # the stream's row comes first (Postgres appends the branches in order; found by ``part`` anyway)
     head = next((row for row in rows if row["part"] == 0), None)
     stream = streams.checked(head, None)
+    assert head is not None  # checked raises for a missing stream
     if caller is not None:
         authorize(stream.pins, caller, right, client_region)
     bounds = Bounds(earliest=stream.earliest_sequence, latest=stream.last_sequence)
     check_cursor(after, bounds)
     records = [stored_record(row) for row in rows if row["part"] == 1]
-    return Page(records, bounds, stream.closed, stream.pins, stream.pins_digest)
+    return Page(records, bounds, stream.closed, stream.pins, stream.pins_digest, head["timeline"])
 
 
 async def read_page(

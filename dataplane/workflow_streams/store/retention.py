@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import asyncpg
 
+from . import db
 from .appends import StreamKey
 
 # how far ahead a held stream is parked: a hold's release makes it due at once (the trigger of
@@ -123,7 +124,7 @@ async def prune_batch(
     Held streams are left alone and parked. Streams that do not exist are skipped."""
     unique = sorted(set(keys))
     runs, streams = [k[0] for k in unique], [k[1] for k in unique]
-    async with conn.transaction():
+    async with db.transaction(conn):
         await conn.execute(_LOCK, runs, streams)
         rows = await conn.fetch(_PRUNE, runs, streams, records_per_stream, HELD_PARK)
     return [Pruned((r["run_id"], r["stream_id"]), r["removed"], r["held"], bool(r["more"])) for r in rows]

@@ -31,7 +31,8 @@ CHUNK = 1000
 
 async def mark(conn: asyncpg.Connection, keys: Sequence[tuple[str, str]], seconds: float) -> set[tuple[str, str]]:
     """Mark the existing streams among ``keys`` (at most ``CHUNK``) as watched for ``seconds`` from now
-    (Postgres' clock); returns the keys it marked. Runs as its own transaction."""
+    (Postgres' clock); returns the keys it marked. The caller's transaction holds the row locks until it
+    commits."""
     assert len(keys) <= CHUNK
     unique = sorted(set(keys))
     rows = await conn.fetch(_MARK, [k[0] for k in unique], [k[1] for k in unique], seconds)

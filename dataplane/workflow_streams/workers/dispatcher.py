@@ -21,7 +21,8 @@ import asyncpg
 from .. import metrics
 from ..domain.delivery import Outcome, backoff_seconds, classify, event_body
 from ..runtime import wakes
-from ..store import claims, deliveries
+from ..runtime.durability import Durability
+from ..store import claims, db, deliveries
 from ..store.db import DB_UNAVAILABLE
 from ..wire import record_json
 
@@ -49,25 +50,23 @@ def holder_id() -> str:
 
 
 class Dispatcher:
-    def __init__(self, pool: asyncpg.Pool, hub: wakes.WakeHub, settings: DispatchSettings) -> None:
+    def __init__(self, pool: db.Pool, hub: wakes.WakeHub, durability: Durability, settings: DispatchSettings) -> None:
         self.pool = pool
         self.hub = hub
+        self.durability = durability
         self.settings = settings
         self.holder = holder_id()
         self.lease = dt.timedelta(seconds=settings.lease_seconds)
 
     async def run(self) -> None:
+        """Deliver until cancelled; a lost database raises, for the supervisor to restart (claims whose
+        holder stopped renewing are taken over by whoever claims next, this replica included)."""
         timeout = aiohttp.ClientTimeout(total=self.settings.request_timeout_seconds)
         async with aiohttp.ClientSession(timeout=timeout) as http:
             with self.hub.watch_kind(wakes.INPUTS) as wake:
                 while True:
                     wake.clear()
-                    try:
-                        worked = await self._tick(http)
-                    except DB_UNAVAILABLE as exc:
-                        log.warning("dispatcher: database unavailable (%s); retrying", exc)
-                        worked = False
-                    if not worked:
+                    if not await self._tick(http):
                         await wake.wait(self.settings.poll_seconds)
 
     async def _tick(self, http: aiohttp.ClientSession) -> bool:
@@ -101,6 +100,14 @@ class Dispatcher:
         key = claims.stream_key(run_id, stream_id)
         async with self.pool.acquire() as conn:
             rows = await deliveries.head(conn, run_id, stream_id, self.settings.batch)
+        read_at = self.durability.tick()
+        if rows:
+            # an event delivered is never taken back: only records as durable as an acknowledged append
+            # (runtime.durability); a failover could give an unconfirmed one's sequence to another record
+            until = asyncio.get_running_loop().time() + self.pool.connecting.timeout_seconds
+            last = rows[-1].record.sequence
+            if not await self.durability.covers(run_id, stream_id, last, read_at, rows[-1].timeline, until):
+                return False
         for row in rows:
             if row.state == "failed" or not row.due:
                 return False  # a failed head blocks the stream; a backing-off head waits

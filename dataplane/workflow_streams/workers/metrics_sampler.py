@@ -17,8 +17,7 @@ from dataclasses import dataclass, field
 import asyncpg
 
 from .. import metrics
-from ..store import usage
-from ..store.db import DB_UNAVAILABLE
+from ..store import db, usage
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +86,7 @@ async def sample_backlog(conn: asyncpg.Connection, state: BacklogPass, slice_siz
         metrics.BACKLOG_TOP.set(top)
 
 
-async def sample(pool: asyncpg.Pool, state: BacklogPass) -> None:
+async def sample(pool: db.Pool, state: BacklogPass) -> None:
     async with pool.acquire() as conn:
         await sample_backlog(conn, state)
         row = await conn.fetchrow(_OUTBOX)
@@ -97,11 +96,9 @@ async def sample(pool: asyncpg.Pool, state: BacklogPass) -> None:
     metrics.RETENTION_DUE.set(row["due"])
 
 
-async def run_sampler(pool: asyncpg.Pool, interval_seconds: float) -> None:
+async def run_sampler(pool: db.Pool, interval_seconds: float) -> None:
+    """Sample every ``interval_seconds``; a sample that fails raises, for the supervisor to restart."""
     state = BacklogPass()
     while True:
-        try:
-            await sample(pool, state)
-        except (*DB_UNAVAILABLE, asyncpg.PostgresError) as exc:
-            log.debug("metrics sample failed: %s", exc)
+        await sample(pool, state)
         await asyncio.sleep(interval_seconds)

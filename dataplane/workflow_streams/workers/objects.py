@@ -25,8 +25,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from ..domain.delivery import backoff_seconds
 from ..objectstore import ObjectStore
-from ..store import objects
-from ..store.db import DB_UNAVAILABLE
+from ..store import db, objects
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +52,7 @@ class Swept:
     purged: int  # finished outbox rows removed after the retention period
 
 
-async def _delete_one(pool: asyncpg.Pool, store: ObjectStore, row: asyncpg.Record, gate: asyncio.Semaphore) -> bool:
+async def _delete_one(pool: db.Pool, store: ObjectStore, row: asyncpg.Record, gate: asyncio.Semaphore) -> bool:
     async with gate:
         try:
             await store.delete(row["region"], row["object_key"])
@@ -69,7 +68,7 @@ async def _delete_one(pool: asyncpg.Pool, store: ObjectStore, row: asyncpg.Recor
 
 
 async def purge(
-    pool: asyncpg.Pool, retention: dt.timedelta, batch: int = PURGE_BATCH, max_batches: int = MAX_PURGE_BATCHES
+    pool: db.Pool, retention: dt.timedelta, batch: int = PURGE_BATCH, max_batches: int = MAX_PURGE_BATCHES
 ) -> int:
     """Remove outbox rows finished more than ``retention`` ago, ``batch`` per transaction, while batches
     come back full (at most ``max_batches``); how many went. What is left goes at the next sweep."""
@@ -83,7 +82,7 @@ async def purge(
     return purged
 
 
-async def sweep(pool: asyncpg.Pool, store: ObjectStore, retention: dt.timedelta = DEFAULT_RETENTION) -> Swept:
+async def sweep(pool: db.Pool, store: ObjectStore, retention: dt.timedelta = DEFAULT_RETENTION) -> Swept:
     """One pass: expire orphaned intents, delete what is due from S3, purge what finished long ago."""
     expired = deleted = 0
     gate = asyncio.Semaphore(CONCURRENCY)
@@ -100,22 +99,20 @@ async def sweep(pool: asyncpg.Pool, store: ObjectStore, retention: dt.timedelta 
 
 
 async def run_janitor(
-    pool: asyncpg.Pool,
+    pool: db.Pool,
     store: ObjectStore,
     interval_seconds: float,
     retention_seconds: float = DEFAULT_RETENTION.total_seconds(),
 ) -> None:
+    """Sweep every ``interval_seconds``; a sweep that fails raises, for the supervisor to restart."""
     retention = dt.timedelta(seconds=retention_seconds)
     while True:
-        try:
-            swept = await sweep(pool, store, retention)
-            if swept.expired or swept.deleted or swept.purged:
-                log.info(
-                    "object janitor: %d intents expired, %d objects deleted, %d finished outbox rows purged",
-                    swept.expired,
-                    swept.deleted,
-                    swept.purged,
-                )
-        except (*DB_UNAVAILABLE, asyncpg.PostgresError) as exc:
-            log.warning("object janitor sweep failed, retrying next interval: %s", exc)
+        swept = await sweep(pool, store, retention)
+        if swept.expired or swept.deleted or swept.purged:
+            log.info(
+                "object janitor: %d intents expired, %d objects deleted, %d finished outbox rows purged",
+                swept.expired,
+                swept.deleted,
+                swept.purged,
+            )
         await asyncio.sleep(interval_seconds)

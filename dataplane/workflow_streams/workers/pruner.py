@@ -15,9 +15,8 @@ from dataclasses import dataclass, field
 
 import asyncpg
 
-from ..store import claims, retention
+from ..store import claims, db, retention
 from ..store.appends import StreamKey
-from ..store.db import DB_UNAVAILABLE
 from .dispatcher import holder_id
 
 log = logging.getLogger(__name__)
@@ -77,7 +76,7 @@ async def _prune_claimed(
 
 
 async def sweep(
-    pool: asyncpg.Pool,
+    pool: db.Pool,
     holder: str,
     *,
     lease: dt.timedelta = LEASE,
@@ -87,7 +86,8 @@ async def sweep(
 ) -> SweepResult:
     """One pass over the streams due when it starts; other replicas' live claims are left to them."""
     result = SweepResult()
-    async with pool.acquire() as conn:
+    # a sweep is long (it renews its leases as it goes): its connection's deadline is the lease's
+    async with pool.acquire(seconds=lease.total_seconds()) as conn:
         due_by = await retention.due_now(conn)
         await claims.drop_expired(conn, KIND)
         while True:
@@ -98,13 +98,11 @@ async def sweep(
             await _prune_claimed(conn, holder, keys, lease, records_per_stream, records_per_transaction, result)
 
 
-async def run_pruner(pool: asyncpg.Pool, interval_seconds: float) -> None:
+async def run_pruner(pool: db.Pool, interval_seconds: float) -> None:
+    """Sweep every ``interval_seconds``; a sweep that fails raises, for the supervisor to restart."""
     holder = holder_id()
     while True:
-        try:
-            result = await sweep(pool, holder)
-            if result.records:
-                log.info("pruned %d records of %d streams beyond retention", result.records, len(result.claimed))
-        except (*DB_UNAVAILABLE, asyncpg.PostgresError) as exc:
-            log.warning("pruner sweep failed, retrying next interval: %s", exc)
+        result = await sweep(pool, holder)
+        if result.records:
+            log.info("pruned %d records of %d streams beyond retention", result.records, len(result.claimed))
         await asyncio.sleep(interval_seconds)

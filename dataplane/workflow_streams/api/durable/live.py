@@ -50,8 +50,7 @@ async def long_poll(request: web.Request, app: AppState, meta: store.Meta, after
         wake.cursor = after  # the head poller wakes us only when the stream moves past this
         while True:
             wake.clear()
-            async with app.pool.acquire() as conn:
-                page = trimmed(await read_page(conn, meta, after))
+            page = trimmed(await read_page(app, meta, after))
             cursor = rules.stream_cursor(_now(), request.query.get("cursor"))
             if page.records:
                 metrics.READ_RECORDS.inc(len(page.records))
@@ -99,8 +98,7 @@ async def sse(request: web.Request, app: AppState, meta: store.Meta, after: int)
             wake.cursor = after  # the head poller wakes us only when the stream moves past this
             wake.clear()
             try:
-                async with app.pool.acquire() as conn:
-                    page = trimmed(await read_page(conn, meta, after))
+                page = trimmed(await read_page(app, meta, after))
             except StreamError as exc:
                 if not response.prepared:
                     raise  # before the first byte, the error is an ordinary response

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-import asyncpg
 from aiohttp import web
 
 from ... import wire
 from ...domain import durable as rules
 from ...domain.records import StoredRecord, is_json
+from ...runtime import reads as runtime_reads
 from ...store import durable as store
 from ...store import reads
+from ..state import AppState
 from . import headers as h
 
 # records per read; a byte stream's records are at most 64 KiB
@@ -20,10 +21,11 @@ PAGE_RECORDS = 500
 PAGE_BYTES = 4 * 1024 * 1024
 
 
-async def read_page(conn: asyncpg.Connection, meta: store.Meta, after: int) -> reads.Page:
-    """The shared read: records after ``after`` and the bounds, from one snapshot. A pruned offset is
-    410 with the bounds, an offset past the tail 400 (never a silent reset)."""
-    return await reads.fetch_page(conn, meta.run_id, meta.stream_id, after, PAGE_RECORDS)
+async def read_page(app: AppState, meta: store.Meta, after: int) -> reads.Page:
+    """The shared read: records after ``after`` and the bounds, from one snapshot, as far as they are
+    durable (``runtime.reads.read_page``). A pruned offset is 410 with the bounds, an offset past the
+    tail 400 (never a silent reset)."""
+    return await runtime_reads.read_page(app.pool, app.durability, meta.run_id, meta.stream_id, after, PAGE_RECORDS)
 
 
 def trimmed(page: reads.Page) -> reads.Page:

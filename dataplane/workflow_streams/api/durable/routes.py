@@ -167,8 +167,7 @@ async def get(request: web.Request) -> web.StreamResponse:
         return await live.sse(request, call.app, meta, after)
     if offset.is_now:
         return _now(meta)
-    async with call.app.pool.acquire() as conn:
-        page = trimmed(await read_page(conn, meta, after))
+    page = trimmed(await read_page(call.app, meta, after))
     metrics.READ_RECORDS.inc(len(page.records))
     return page_response(request, meta, after, page)
 
