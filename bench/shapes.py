@@ -59,7 +59,7 @@ async def _prober(work: Workload, base: str, stop: asyncio.Event, producers: int
     async def one(n: int) -> None:
         i = 0
         while not stop.is_set():
-            await work.append(base, work.streams[n % len(work.streams)], f"probe-{n}-{i}")
+            await work.append(base, work.streams[n % len(work.streams)], f"probe{work.bases.index(base)}-{n}-{i}")
             i += 1
 
     await asyncio.gather(*(one(n) for n in range(producers)))
@@ -169,7 +169,7 @@ async def partition(args: argparse.Namespace) -> None:
                 await _until(work.caught_up, 60)
                 problems = await work.check()
                 await work.close()
-            during = [s for at, s in work.attempts.timeline if cut_at <= at <= healed + 1]
+            during = [s for started, _, s in work.attempts.timeline if cut_at <= started <= healed]
             print(f"one data plane cut from Postgres for {args.cut:g} s (iptables DROP in its namespace)")
             print(f"  slowest answer {work.attempts.slowest:.2f} s; answers during the cut: {_counts(during)}")
             print(f"  acknowledged again {_seconds(work.attempts.first_success_after(healed))} after the heal")
@@ -200,8 +200,8 @@ async def failover(args: argparse.Namespace) -> None:
             probe = asyncio.create_task(_prober(work, servers[0].url, stop, producers=8))
             probe2 = asyncio.create_task(_prober(work, servers[1].url, stop, producers=8))
             await asyncio.sleep(5)
-            killed = time.monotonic()
             await asyncio.to_thread(pair.primary.kill)
+            killed = time.monotonic()  # once every process of it is gone
             await asyncio.to_thread(pair.standby.promote)
             promoted = time.monotonic()
             await asyncio.sleep(8)
@@ -299,10 +299,10 @@ class _Shape:
         promoted = self.pair.standby
         # the promoted standby waits for a standby of its own from now on ("required" durability): made
         # anew on the old primary's port, from the new primary
-        promoted.query(f"ALTER SYSTEM SET synchronous_standby_names = 'standby-{old.port}'")
+        promoted.query(f"ALTER SYSTEM SET synchronous_standby_names = 'standby_{old.port}'")
         promoted.query("SELECT pg_reload_conf()")
         old.destroy()
-        fresh = Standby(promoted, f"standby-{old.port}", port=old.port)
+        fresh = Standby(promoted, f"standby_{old.port}", port=old.port)
         fresh.init()
         fresh.start()
         fresh.wait_streaming()

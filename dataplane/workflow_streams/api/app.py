@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import functools
 import logging
@@ -112,7 +113,7 @@ async def _ready(request: web.Request) -> web.Response:
         return _unready("listen connection down")
     try:
         timeout = min(READY_TIMEOUT_SECONDS, state.settings.database_timeout_seconds)
-        async with state.pool.acquire(seconds=timeout) as conn:
+        async with state.pool.acquire(until=asyncio.get_running_loop().time() + timeout) as conn:
             await conn.fetchval("SELECT 1")
     except DB_UNAVAILABLE as exc:
         return _unready(f"database unreachable: {exc}")

@@ -43,14 +43,14 @@ class Attempts:
 
     statuses: dict[int, int] = field(default_factory=dict)
     slowest: float = 0.0
-    # (time.monotonic() of the answer, status) of every attempt, for recovery times
-    timeline: list[tuple[float, int]] = field(default_factory=list)
+    # (time.monotonic() it started, of its answer, status) of every attempt, for recovery times
+    timeline: list[tuple[float, float, int]] = field(default_factory=list)
 
     def record(self, started: float, status: int) -> None:
         now = time.monotonic()
         self.statuses[status] = self.statuses.get(status, 0) + 1
         self.slowest = max(self.slowest, now - started)
-        self.timeline.append((now, status))
+        self.timeline.append((started, now, status))
 
     @property
     def total(self) -> int:
@@ -60,8 +60,9 @@ class Attempts:
         return sum(n for status, n in self.statuses.items() if status == 0 or status >= 500)
 
     def first_success_after(self, moment: float) -> float | None:
-        """Seconds from ``moment`` to the first acknowledged append answered after it."""
-        return next((at - moment for at, status in self.timeline if at >= moment and status in (200, 201)), None)
+        """Seconds from ``moment`` to the first answer acknowledging an append that started after it."""
+        answers = [at for started, at, status in self.timeline if started >= moment and status in (200, 201)]
+        return min(answers) - moment if answers else None
 
 
 class Subscriber:

@@ -47,7 +47,9 @@ _ATTEMPTS = 3
 # a blocked appender re-checks its credit at least this often, in case an ack's signal was lost
 _ACK_POLL_SECONDS = 1.0
 
-_Waiter = tuple[AppendRequest, "asyncio.Future[AppendResult]"]
+# a request, its caller's future, and the loop time by which it must be answered (its deadline counts
+# from its arrival: one queued behind a transaction that hangs has spent part of it already)
+_Waiter = tuple[AppendRequest, "asyncio.Future[AppendResult]", float]
 
 _REJECTION_REASONS: dict[type[StreamError], str] = {
     Backpressure: "unread_full",
@@ -115,7 +117,7 @@ class GroupCommit:
     def append(self, request: AppendRequest) -> asyncio.Future[AppendResult]:
         """One attempt, queued: its future is the request's result, or the error that refused it."""
         future: asyncio.Future[AppendResult] = asyncio.get_running_loop().create_future()
-        self._batches.add((request, future))
+        self._batches.add((request, future, self._pool.deadline()))
         # A caller that goes away cancels only its own future: the commit is a task of its own, and
         # it skips the outcomes nobody awaits any more. (No shield: it cost a future per append. The
         # future itself, not a coroutine awaiting it: one frame less per append.)
@@ -131,9 +133,9 @@ class GroupCommit:
         await self._commit(waiters)
 
     async def _commit(self, waiters: list[_Waiter]) -> None:
-        requests = [request for request, _ in waiters]
+        requests = [request for request, _, _ in waiters]
         try:
-            batch = await self._transaction(requests)
+            batch = await self._transaction(requests, min(until for _, _, until in waiters))
         except asyncpg.PostgresError as exc:
             if len(waiters) == 1 or isinstance(exc, DB_UNAVAILABLE):
                 _fail(waiters, exc)
@@ -149,7 +151,7 @@ class GroupCommit:
             return
         self._hub.publish(batch.signals(), remote=batch.remote_signals())
         _account(batch)
-        for (_, future), outcome in zip(waiters, batch.outcomes, strict=True):
+        for (_, future, _), outcome in zip(waiters, batch.outcomes, strict=True):
             if future.done():
                 continue
             if isinstance(outcome, StreamError):
@@ -157,10 +159,9 @@ class GroupCommit:
             else:
                 future.set_result(outcome)
 
-    async def _transaction(self, requests: list[AppendRequest]) -> Batch:
+    async def _transaction(self, requests: list[AppendRequest], until: float) -> Batch:
         """The batch in one transaction, tried again (at once, at most ``_ATTEMPTS`` times in all) after a
-        deadlock or a connection lost before its COMMIT was sent; every try within one deadline."""
-        until = asyncio.get_running_loop().time() + self._pool.connecting.timeout_seconds
+        deadlock or a connection lost before its COMMIT was sent; every try by loop time ``until``."""
         retryable = (asyncpg.DeadlockDetectedError, _Unsent)
         try:
             try:
@@ -281,7 +282,7 @@ def _turns(count: int) -> Callable[[], Awaitable[None]]:
 
 
 def _fail(waiters: list[_Waiter], exc: BaseException) -> None:
-    for _, future in waiters:
+    for _, future, _ in waiters:
         if not future.done():
             future.set_exception(exc)
 

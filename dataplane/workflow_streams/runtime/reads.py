@@ -57,11 +57,12 @@ class SharedPage:
 
 
 class _Flight:
-    __slots__ = ("future", "generation")
+    __slots__ = ("future", "generation", "until")
 
-    def __init__(self, generation: int, future: asyncio.Future[SharedPage]) -> None:
+    def __init__(self, generation: int, future: asyncio.Future[SharedPage], until: float) -> None:
         self.generation = generation
         self.future = future
+        self.until = until  # the deadline of its first reader (store.db.Pool.acquire)
 
     @property
     def records(self) -> int:
@@ -123,15 +124,16 @@ class SharedReads:
         if flight is None or flight.generation < woken_at:
             # The generation is taken now, before the statement is sent: the read sees at least every
             # commit announced by then. Newer than any flight it replaces, so later joiners take it.
-            flight = _Flight(self._hub.clock, asyncio.get_running_loop().create_future())
+            flight = _Flight(self._hub.clock, asyncio.get_running_loop().create_future(), self._pool.deadline())
             self._flights[key] = flight
             self._batches.add((key, flight))
         # the read is the batch task's: a caller that goes away cancels only its own wait
         return await asyncio.shield(flight.future)
 
     async def _read(self, batch: list[tuple[PageKey, _Flight]]) -> None:
+        until = min(flight.until for _, flight in batch)
         try:
-            async with self._pool.acquire() as conn:
+            async with self._pool.acquire(until=until) as conn:
                 outcomes = await fetch_pages(conn, [key for key, _ in batch])
             read_at = self._durability.tick()
         except BaseException as exc:  # the statement failed: every reader of the batch learns why
@@ -143,7 +145,7 @@ class SharedReads:
         pages = [((key[0], key[1]), outcome) for (key, _), outcome in zip(batch, outcomes, strict=True)]
         if self._durability.unconfirmed(pages):
             # confirmed outside this batch's slot: the next statement need not wait for a barrier
-            task = asyncio.create_task(self._confirm(batch, pages, read_at), name="wfs-shared-reads-confirm")
+            task = asyncio.create_task(self._confirm(batch, pages, read_at, until), name="wfs-shared-reads-confirm")
             self._confirming.add(task)
             task.add_done_callback(self._confirming.discard)
             return
@@ -154,8 +156,8 @@ class SharedReads:
         batch: list[tuple[PageKey, _Flight]],
         pages: list[tuple[tuple[str, str], Page | StreamError]],
         read_at: int,
+        until: float,
     ) -> None:
-        until = asyncio.get_running_loop().time() + self._pool.connecting.timeout_seconds
         try:
             served = await self._durability.confirmed(pages, read_at, until)
         except BaseException as exc:
@@ -225,12 +227,12 @@ async def read_page(
 ) -> Page:
     """One caller's page (``store.reads.fetch_page``: with ``caller``, its rights first), as it may be
     served: only what is as durable as an acknowledged append (``runtime.durability``)."""
-    async with pool.acquire() as conn:
+    until = pool.deadline()  # the read and its confirmation, together
+    async with pool.acquire(until=until) as conn:
         page = await reads.fetch_page(
             conn, run_id, stream_id, after, limit, caller=caller, right=right, client_region=client_region
         )
     read_at = durability.tick()
-    until = asyncio.get_running_loop().time() + pool.connecting.timeout_seconds
     [served] = await durability.confirmed([((run_id, stream_id), page)], read_at, until)
     assert isinstance(served, Page)
     return served

@@ -36,6 +36,8 @@ from typing import Any, Literal
 
 import asyncpg
 
+from ..domain.errors import StreamError
+
 POOLERS = ("none", "transaction")
 Pooler = Literal["none", "transaction"]
 
@@ -133,8 +135,11 @@ def deadline(conn: asyncpg.Connection, at: float) -> Iterator[None]:
     handle = asyncio.get_running_loop().call_at(at, expire)
     try:
         yield
-    except DB_UNAVAILABLE as exc:
-        if expired and not isinstance(exc, DatabaseTimeout):
+    except Exception as exc:
+        # Whatever a statement raises once its connection was closed under it is the deadline's doing:
+        # asyncpg may say so with an AttributeError (a statement that awaited its description while
+        # the connection went). A domain error is the caller's own, whenever it came.
+        if expired and not isinstance(exc, DatabaseTimeout | StreamError):
             raise DatabaseTimeout("Postgres did not answer in time; the connection was closed") from exc
         raise
     finally:
@@ -203,8 +208,8 @@ async def _keep_session(conn: asyncpg.Connection) -> None:
 
 
 # The hot path's statements whose plans Postgres keeps behind a transaction pooler, by their SQL: the
-# function each one runs as there (``kept``).
-_KEPT: dict[str, str] = {}
+# function each one runs as there, and the statement that calls it (``kept``).
+_KEPT: dict[str, tuple[str, str]] = {}
 _PARAMETER = re.compile(r"\$(\d+)")
 
 
@@ -219,24 +224,23 @@ def kept(sql: str) -> str:
     function's plans per backend, across transactions and clients: ``kept_functions``), and a
     ``PoolerConnection`` calls the function instead. Named by hash, a changed statement is a new function,
     and the processes of the previous release keep calling theirs during a rolling upgrade."""
-    _KEPT[sql] = "wfs_kept_" + hashlib.sha256(sql.encode()).hexdigest()[:16]
+    function = "wfs_kept_" + hashlib.sha256(sql.encode()).hexdigest()[:16]
+    count = max((int(n) for n in _PARAMETER.findall(sql)), default=0)
+    _KEPT[sql] = (function, f"SELECT * FROM {function}({', '.join(f'${n}' for n in range(1, count + 1))})")
     return sql
 
 
 def _call(sql: str) -> str:
     """What a pooled connection runs for ``sql``: the call of its function, if it is kept."""
-    function = _KEPT.get(sql)
-    if function is None:
-        return sql
-    count = max((int(n) for n in _PARAMETER.findall(sql)), default=0)
-    return f"SELECT * FROM {function}({', '.join(f'${n}' for n in range(1, count + 1))})"
+    kept = _KEPT.get(sql)
+    return sql if kept is None else kept[1]
 
 
 async def kept_functions(conn: asyncpg.Connection) -> None:
     """Make (or keep) the function of every kept statement, with the parameter and column types Postgres
     describes for the statement itself (``migrate`` runs this after the migrations, in a transaction that
     holds its lock)."""
-    for sql, function in _KEPT.items():
+    for sql, (function, _) in _KEPT.items():
         statement = await conn.prepare(sql)
         types = await conn.fetch(
             "SELECT t.i, format_type(t.oid, NULL) AS name FROM unnest($1::oid[]) WITH ORDINALITY AS t(oid, i)",
@@ -255,7 +259,7 @@ async def missing_kept_functions(conn: asyncpg.Connection) -> list[str]:
     """The kept statements' functions this database lacks (``migrate`` of this release makes them)."""
     rows = await conn.fetch(
         "SELECT f FROM unnest($1::text[]) AS f WHERE NOT EXISTS (SELECT FROM pg_proc WHERE proname = f)",
-        list(_KEPT.values()),
+        [function for function, _ in _KEPT.values()],
     )
     return [row["f"] for row in rows]
 
@@ -319,12 +323,14 @@ class Pool:
         self.connecting = connecting
 
     @contextlib.asynccontextmanager
-    async def acquire(self, *, seconds: float | None = None) -> AsyncIterator[asyncpg.Connection]:
-        """A connection for one unit of work, held at most ``seconds`` (the pool's deadline by default),
-        its wait for a free connection included. (A pooled connection is asyncpg's
+    async def acquire(self, *, until: float | None = None) -> AsyncIterator[asyncpg.Connection]:
+        """A connection for one unit of work, held until loop time ``until`` at most (by default the
+        pool's deadline from now), its wait for a free connection included. A caller that waited before
+        (queued behind other work) passes the deadline it started with, so that no request waits for
+        Postgres longer than one deadline in all. (A pooled connection is asyncpg's
         ``PoolConnectionProxy``, which stands for a ``Connection``.)"""
-        seconds = self.connecting.timeout_seconds if seconds is None else seconds
-        until = asyncio.get_running_loop().time() + seconds
+        if until is None:
+            until = self.deadline()
         conn = await self.take(until)
         try:
             with deadline(conn, until):
@@ -332,11 +338,17 @@ class Pool:
         finally:
             await self._pool.release(conn)
 
+    def deadline(self) -> float:
+        """The loop time by which work starting now must be done."""
+        return asyncio.get_running_loop().time() + self.connecting.timeout_seconds
+
     async def take(self, until: float) -> asyncpg.Connection:
         """A connection, waited for until loop time ``until`` at most, to hold under ``deadline`` and give
         back with ``release`` (for a holder that outlives one block: the group commit keeps a begun
         transaction)."""
         seconds = until - asyncio.get_running_loop().time()
+        if seconds <= 0:
+            raise DatabaseTimeout("the deadline passed while the request waited for earlier work")
         try:
             # asyncio's timeout, not asyncpg's: that one runs every acquire in a task of its own (wait_for),
             # a turn of the event loop on the append path's every fresh connection

@@ -87,7 +87,7 @@ async def sweep(
     """One pass over the streams due when it starts; other replicas' live claims are left to them."""
     result = SweepResult()
     # a sweep is long (it renews its leases as it goes): its connection's deadline is the lease's
-    async with pool.acquire(seconds=lease.total_seconds()) as conn:
+    async with pool.acquire(until=asyncio.get_running_loop().time() + lease.total_seconds()) as conn:
         due_by = await retention.due_now(conn)
         await claims.drop_expired(conn, KIND)
         while True:
