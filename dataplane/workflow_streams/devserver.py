@@ -100,6 +100,9 @@ def _run(options: DevOptions, env: Mapping[str, str]) -> int:
             "WFS_REGION": region,
             "WFS_METADATA_REGION": region,
             "WFS_PRUNE_INTERVAL_SECONDS": "5",
+            # the Durable Streams surface admits callers without a token, as its protocol's clients and
+            # conformance suite expect (serve does only with this setting)
+            "WFS_DS_ANONYMOUS": "true",
             "WFS_WAIT_SERVICE_URL": f"http://127.0.0.1:{port}{WAIT_SERVICE_PATH}",
         }
         if env.get("WFS_DATABASE_URL"):
