@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from .domain.authz import Principal
 from .objectstore import RegionConfig
@@ -16,6 +17,7 @@ from .store.db import DEFAULT_TIMEOUT_SECONDS, POOLERS, Connecting, Pooler
 # Where a pod's projected service-account token and CA live. Here, not in api/kubeauth.py, because settings
 # sit below the shells that use them: config must not import api (tests/test_layers.py enforces it).
 IN_CLUSTER = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -41,28 +43,98 @@ def kube_auth_from_env(env: Mapping[str, str]) -> KubeAuthSettings | None:
         ca_file=env.get("WFS_KUBE_CA_FILE", str(IN_CLUSTER / "ca.crt")),
         token_file=env.get("WFS_KUBE_TOKEN_FILE", str(IN_CLUSTER / "token")),
         audiences=audiences,
-        cache_seconds=float(env.get("WFS_TOKEN_CACHE_SECONDS", "30")),
+        cache_seconds=_parsed(env, "WFS_TOKEN_CACHE_SECONDS", _number(float), 30.0),
     )
+
+
+class SettingsError(SystemExit):
+    """A ``WFS_*`` setting that cannot be used. A ``SystemExit`` whose message is one line with a stable
+    code (``error: invalid_setting: WFS_TOKENS: ...``), so a process ends on it with exit status 1 and no
+    traceback wherever it is raised: ``serve``, ``migrate``, ``dev``, the operator."""
+
+    def __init__(self, setting: str, message: str, code: str = "invalid_setting") -> None:
+        super().__init__(f"error: {code}: {' '.join(message.split())}")
+        self.setting = setting
+        self.problem_code = code
+
+
+_REGION_FIELDS = frozenset(f.name for f in dataclasses.fields(RegionConfig))
+_REGION_REQUIRED = ("endpoint_url", "bucket", "access_key_id", "secret_access_key")
 
 
 def parse_regions(text: str) -> dict[str, RegionConfig]:
     """``{"eu-west-1": {"endpoint_url": ..., "bucket": ..., "access_key_id": ..., "secret_access_key": ...}}``"""
-    raw = json.loads(text)
-    return {region: RegionConfig(**value) for region, value in raw.items()}
+    raw = _json_object(text, "a JSON object of region -> object store")
+    regions = {}
+    for region, value in raw.items():
+        if not isinstance(value, dict):
+            raise ValueError(f"region {region!r} must be an object with {', '.join(_REGION_REQUIRED)}")
+        missing = [name for name in _REGION_REQUIRED if name not in value]
+        if missing:
+            raise ValueError(f"region {region!r} lacks {', '.join(missing)} (needs {', '.join(_REGION_REQUIRED)})")
+        unknown = sorted(set(value) - _REGION_FIELDS)
+        if unknown:
+            raise ValueError(f"region {region!r} has unknown field(s) {', '.join(unknown)}")
+        regions[region] = RegionConfig(**value)
+    return regions
 
 
 def parse_tokens(text: str) -> dict[str, Principal]:
     """``{"<token>": {"principal": "alice", "groups": ["ops"]}}`` or ``{"<token>": "alice"}``."""
-    raw = json.loads(text)
-    if not isinstance(raw, dict):
-        raise ValueError("tokens must be a JSON object of token -> principal")
+    raw = _json_object(text, "a JSON object of token -> principal")
     tokens = {}
     for token, value in raw.items():
         if isinstance(value, str):
             tokens[token] = Principal(value)
+        elif isinstance(value, dict) and isinstance(value.get("principal"), str):
+            groups = value.get("groups", [])
+            if not isinstance(groups, list) or not all(isinstance(group, str) for group in groups):
+                raise ValueError("a token's groups must be a list of names")
+            tokens[token] = Principal(value["principal"], frozenset(groups))
         else:
-            tokens[token] = Principal(value["principal"], frozenset(value.get("groups", ())))
+            raise ValueError('each token maps to a principal name or {"principal": ..., "groups": [...]}')
     return tokens
+
+
+def _json_object(text: str, what: str) -> dict[str, Any]:
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"not valid JSON ({exc})") from None
+    if not isinstance(raw, dict):
+        raise ValueError(f"must be {what}")
+    return raw
+
+
+def _parsed(env: Mapping[str, str], name: str, parse: Callable[[str], T], default: T) -> T:
+    """``env[name]`` parsed, ``default`` when unset or empty; a value that does not parse is a SettingsError."""
+    text = env.get(name)
+    if not text:
+        return default
+    try:
+        return parse(text)
+    except (ValueError, TypeError) as exc:
+        raise SettingsError(name, f"{name}: {exc or type(exc).__name__}") from None
+
+
+def _number(kind: Callable[[str], T]) -> Callable[[str], T]:
+    def parse(text: str) -> T:
+        try:
+            return kind(text)
+        except ValueError:
+            raise ValueError(f"{text!r} is not {'an integer' if kind is int else 'a number'}") from None
+
+    return parse
+
+
+def _file(name: str, env: Mapping[str, str]) -> str | None:
+    path = env.get(name)
+    if not path:
+        return None
+    try:
+        return Path(path).read_text()
+    except OSError as exc:
+        raise SettingsError(name, f"{name}: cannot read {path}: {exc.strerror}") from None
 
 
 def _pooler(text: str) -> Pooler:
@@ -70,7 +142,7 @@ def _pooler(text: str) -> Pooler:
         return "none"
     if text == "transaction":
         return "transaction"
-    raise SystemExit(f"WFS_DATABASE_POOLER must be one of {', '.join(POOLERS)}, not {text!r}")
+    raise SettingsError("WFS_DATABASE_POOLER", f"WFS_DATABASE_POOLER must be one of {', '.join(POOLERS)}, not {text!r}")
 
 
 def _wake_source(text: str | None, pooler: Pooler, listen_url: str | None) -> str:
@@ -79,28 +151,40 @@ def _wake_source(text: str | None, pooler: Pooler, listen_url: str | None) -> st
     if text is None:
         return "poll" if through_pooler else "listen"
     if text not in ("listen", "poll"):
-        raise SystemExit(f"WFS_WAKE_SOURCE must be 'listen' or 'poll', not {text!r}")
+        raise SettingsError("WFS_WAKE_SOURCE", f"WFS_WAKE_SOURCE must be 'listen' or 'poll', not {text!r}")
     if text == "listen" and through_pooler:
-        raise SystemExit(
+        raise SettingsError(
+            "WFS_WAKE_SOURCE",
             "WFS_WAKE_SOURCE=listen does not work through a transaction pooler (LISTEN receives nothing"
-            " there): set WFS_LISTEN_DATABASE_URL to a direct DSN, or leave WFS_WAKE_SOURCE unset to poll"
+            " there): set WFS_LISTEN_DATABASE_URL to a direct DSN, or leave WFS_WAKE_SOURCE unset to poll",
         )
     return text
 
 
 def durable_from_env(env: Mapping[str, str]) -> dict[str, Any]:
     """The Durable Streams surface's settings (``WFS_DS_*``)."""
-    template = env.get("WFS_DS_TEMPLATE")
-    if env.get("WFS_DS_TEMPLATE_FILE"):
-        template = Path(env["WFS_DS_TEMPLATE_FILE"]).read_text()
+    template_file = _file("WFS_DS_TEMPLATE_FILE", env)
+    name = "WFS_DS_TEMPLATE_FILE" if template_file is not None else "WFS_DS_TEMPLATE"
+    template = _parsed({name: template_file or env.get("WFS_DS_TEMPLATE", "")}, name, _template, None)
     return {
         "durable_prefix": env.get("WFS_DS_PREFIX", "/api/durable-streams"),
         "durable_anonymous": env.get("WFS_DS_ANONYMOUS", "").lower() in ("1", "true", "yes"),
         "durable_run_id": env.get("WFS_DS_RUN_ID", "durable-streams"),
-        "durable_template": json.loads(template) if template else None,
-        "durable_long_poll_seconds": float(env.get("WFS_DS_LONG_POLL_SECONDS", "10")),
-        "durable_sse_seconds": float(env.get("WFS_DS_SSE_SECONDS", "60")),
+        "durable_template": template,
+        "durable_long_poll_seconds": _parsed(env, "WFS_DS_LONG_POLL_SECONDS", _number(float), 10.0),
+        "durable_sse_seconds": _parsed(env, "WFS_DS_SSE_SECONDS", _number(float), 60.0),
     }
+
+
+def _template(text: str) -> dict[str, Any] | None:
+    return _json_object(text, "a JSON object of pins")
+
+
+def _cidrs(text: str) -> dict[str, list[str]]:
+    raw = _json_object(text, "a JSON object of region -> list of CIDRs")
+    if not all(isinstance(v, list) and all(isinstance(c, str) for c in v) for v in raw.values()):
+        raise ValueError("each region maps to a list of CIDRs")
+    return raw
 
 
 @dataclass(frozen=True)
@@ -134,8 +218,11 @@ class Settings:
     delivery_timeout_seconds: float = 5.0
     delivery_backoff_base_seconds: float = 0.5
     delivery_max_attempts: int = 25
-    # object store per object region (unset: the objects API answers 503)
+    # object store per object region (unset: the objects API answers 421 object_region_unavailable)
     s3_regions: Mapping[str, RegionConfig] = field(default_factory=dict)
+    # why there is no object store yet, when more is known than "none is configured": the detail of the
+    # objects API's 421 (`workflow-streams dev` while MinIO is still being built)
+    objects_pending: str | None = None
     # orphan expiry and deletion sweep interval (0 disables it in this process)
     janitor_interval_seconds: float = 10.0
     # the janitor purges deletion-outbox rows this long after their object was deleted: long enough to
@@ -189,47 +276,53 @@ class Settings:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> Settings:
-        tokens: dict[str, Principal] = {}
-        if env.get("WFS_TOKENS_FILE"):
-            tokens.update(parse_tokens(Path(env["WFS_TOKENS_FILE"]).read_text()))
-        if env.get("WFS_TOKENS"):
-            tokens.update(parse_tokens(env["WFS_TOKENS"]))
-        try:
-            database_url = env["WFS_DATABASE_URL"]
-        except KeyError:
-            raise SystemExit("WFS_DATABASE_URL is required (a postgresql:// DSN)") from None
+        """Settings from ``WFS_*``; a missing or malformed one is a ``SettingsError`` naming it."""
+        none: dict[str, Principal] = {}
+        tokens_file = _file("WFS_TOKENS_FILE", env) or ""
+        tokens = {
+            **_parsed({"WFS_TOKENS_FILE": tokens_file}, "WFS_TOKENS_FILE", parse_tokens, none),
+            **_parsed(env, "WFS_TOKENS", parse_tokens, none),
+        }
+        database_url = env.get("WFS_DATABASE_URL")
+        if not database_url:
+            raise SettingsError(
+                "WFS_DATABASE_URL", "WFS_DATABASE_URL is required (a postgresql:// DSN)", code="missing_setting"
+            )
         pooler = _pooler(env.get("WFS_DATABASE_POOLER", "none"))
         listen_url = env.get("WFS_LISTEN_DATABASE_URL") or None
+        integer, number = _number(int), _number(float)
         return cls(
             database_url=database_url,
             host=env.get("WFS_HOST", "127.0.0.1"),
-            port=int(env.get("WFS_PORT", "8080")),
+            port=_parsed(env, "WFS_PORT", integer, 8080),
             tokens=tokens,
             region=env.get("WFS_REGION", "local"),
             metadata_region=env.get("WFS_METADATA_REGION") or None,
-            region_cidrs=json.loads(env.get("WFS_REGION_CIDRS", "{}")),
+            region_cidrs=_parsed(env, "WFS_REGION_CIDRS", _cidrs, {}),
             trusted_proxies=[p for p in env.get("WFS_TRUSTED_PROXIES", "").split(",") if p],
-            pool_min=int(env.get("WFS_POOL_MIN", "2")),
-            pool_max=int(env.get("WFS_POOL_MAX", "20")),
-            prune_interval_seconds=float(env.get("WFS_PRUNE_INTERVAL_SECONDS", "30")),
-            body_timeout_seconds=float(env.get("WFS_BODY_TIMEOUT_SECONDS", "10")),
-            sse_max_per_principal=int(env.get("WFS_SSE_MAX_PER_PRINCIPAL", "100")),
-            sse_heartbeat_seconds=float(env.get("WFS_SSE_HEARTBEAT_SECONDS", "15")),
-            sse_max_connection_seconds=float(env.get("WFS_SSE_MAX_CONNECTION_SECONDS", "3600")),
+            pool_min=_parsed(env, "WFS_POOL_MIN", integer, 2),
+            pool_max=_parsed(env, "WFS_POOL_MAX", integer, 20),
+            prune_interval_seconds=_parsed(env, "WFS_PRUNE_INTERVAL_SECONDS", number, 30.0),
+            body_timeout_seconds=_parsed(env, "WFS_BODY_TIMEOUT_SECONDS", number, 10.0),
+            sse_max_per_principal=_parsed(env, "WFS_SSE_MAX_PER_PRINCIPAL", integer, 100),
+            sse_heartbeat_seconds=_parsed(env, "WFS_SSE_HEARTBEAT_SECONDS", number, 15.0),
+            sse_max_connection_seconds=_parsed(env, "WFS_SSE_MAX_CONNECTION_SECONDS", number, 3600.0),
             wait_service_url=env.get("WFS_WAIT_SERVICE_URL") or None,
-            s3_regions=parse_regions(env["WFS_S3_REGIONS"]) if env.get("WFS_S3_REGIONS") else {},
-            janitor_interval_seconds=float(env.get("WFS_JANITOR_INTERVAL_SECONDS", "10")),
-            deletion_outbox_retention_seconds=float(env.get("WFS_DELETION_OUTBOX_RETENTION_SECONDS", "604800")),
+            s3_regions=_parsed(env, "WFS_S3_REGIONS", parse_regions, {}),
+            janitor_interval_seconds=_parsed(env, "WFS_JANITOR_INTERVAL_SECONDS", number, 10.0),
+            deletion_outbox_retention_seconds=_parsed(
+                env, "WFS_DELETION_OUTBOX_RETENTION_SECONDS", number, 7 * 24 * 3600.0
+            ),
             kube_auth=kube_auth_from_env(env),
-            worker_lease_seconds=float(env.get("WFS_WORKER_LEASE_SECONDS", "15")),
-            delivery_timeout_seconds=float(env.get("WFS_DELIVERY_TIMEOUT_SECONDS", "5")),
-            delivery_backoff_base_seconds=float(env.get("WFS_DELIVERY_BACKOFF_BASE_SECONDS", "0.5")),
-            delivery_max_attempts=int(env.get("WFS_DELIVERY_MAX_ATTEMPTS", "25")),
+            worker_lease_seconds=_parsed(env, "WFS_WORKER_LEASE_SECONDS", number, 15.0),
+            delivery_timeout_seconds=_parsed(env, "WFS_DELIVERY_TIMEOUT_SECONDS", number, 5.0),
+            delivery_backoff_base_seconds=_parsed(env, "WFS_DELIVERY_BACKOFF_BASE_SECONDS", number, 0.5),
+            delivery_max_attempts=_parsed(env, "WFS_DELIVERY_MAX_ATTEMPTS", integer, 25),
             **durable_from_env(env),
             database_pooler=pooler,
-            database_timeout_seconds=float(env.get("WFS_DATABASE_TIMEOUT_SECONDS", str(DEFAULT_TIMEOUT_SECONDS))),
+            database_timeout_seconds=_parsed(env, "WFS_DATABASE_TIMEOUT_SECONDS", number, DEFAULT_TIMEOUT_SECONDS),
             listen_database_url=listen_url,
             wake_source=_wake_source(env.get("WFS_WAKE_SOURCE") or None, pooler, listen_url),
-            wake_poll_seconds=float(env["WFS_WAKE_POLL_SECONDS"]) if env.get("WFS_WAKE_POLL_SECONDS") else None,
-            workers=int(env.get("WFS_WORKERS", "0")),
+            wake_poll_seconds=_parsed(env, "WFS_WAKE_POLL_SECONDS", number, None),
+            workers=_parsed(env, "WFS_WORKERS", integer, 0),
         )
