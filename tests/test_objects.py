@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import os
 from typing import Any
@@ -10,7 +11,7 @@ import asyncpg
 import pytest
 from botocore.exceptions import ClientError
 
-from tests.support import ObjectsApi, StreamsApi, problem
+from tests.support import BOB, EVE, ObjectsApi, StreamsApi, problem
 from tests.waiting import eventually
 from workflow_streams.api.app import create_app
 
@@ -207,3 +208,119 @@ async def test_legal_hold_blocks_pruning_and_s3_delete(api: StreamsApi, s3: Any,
 
     await eventually(released)
     assert await db.fetchval(held_records) == 1
+
+
+def object_url(api: StreamsApi, run: str, stream: str, sequence: Any) -> str:
+    return api.url(run, stream, f"/records/{sequence}/object")
+
+
+async def test_a_reader_downloads_what_was_uploaded(api: StreamsApi) -> None:
+    await api.create("r", "s")
+    objs = ObjectsApi(api, "r", "s")
+    data = os.urandom(6 * MiB + 7)  # two parts in S3
+    intent = await (await objs.prepare(data, "report", content_type="application/pdf")).json()
+    await objs.upload(intent["intent_id"], data)
+    sequence = (await (await objs.commit(intent["intent_id"])).json())["sequence"]
+    reader = api.as_(BOB)  # in group readers: the read right, not append
+    resp = await reader.client.get(object_url(api, "r", "s", sequence), headers=reader.headers)
+    assert resp.status == 200, await resp.text()
+    assert await resp.read() == data
+    assert resp.headers["Content-Type"] == "application/pdf"
+    assert int(resp.headers["Content-Length"]) == len(data)
+    expected_digest = base64.b64encode(hashlib.sha256(data).digest()).decode()
+    assert resp.headers["Repr-Digest"] == f"sha-256=:{expected_digest}:"
+    assert resp.headers["Accept-Ranges"] == "bytes"
+
+    ranged = await reader.client.get(
+        object_url(api, "r", "s", sequence), headers={**reader.headers, "Range": "bytes=5242870-5242889"}
+    )
+    assert ranged.status == 206
+    assert await ranged.read() == data[5242870:5242890], "a range across the part boundary"
+    assert ranged.headers["Content-Range"] == f"bytes 5242870-5242889/{len(data)}"
+    assert ranged.headers["Repr-Digest"] == f"sha-256=:{expected_digest}:", "the whole object's digest"
+    suffix = await reader.client.get(
+        object_url(api, "r", "s", sequence), headers={**reader.headers, "Range": "bytes=-3"}
+    )
+    assert suffix.status == 206 and await suffix.read() == data[-3:]
+    past = await reader.client.get(
+        object_url(api, "r", "s", sequence), headers={**reader.headers, "Range": f"bytes={len(data)}-"}
+    )
+    await problem(past, 416, "range_not_satisfiable")
+    assert past.headers["Content-Range"] == f"bytes */{len(data)}"
+
+
+async def test_a_download_needs_the_read_right_and_reveals_nothing(api: StreamsApi) -> None:
+    await api.create("r", "s")
+    sequence = await ObjectsApi(api, "r", "s").put(b"secret bytes", "k")
+    eve = api.as_(EVE)  # no right on the stream
+    refused = await problem(await eve.client.get(object_url(api, "r", "s", sequence), headers=EVE), 403, "forbidden")
+    absent = await problem(await eve.client.get(object_url(api, "r", "nosuch", 1), headers=EVE), 403, "forbidden")
+    beyond = await problem(await eve.client.get(object_url(api, "r", "s", 99), headers=EVE), 403, "forbidden")
+    assert refused == absent == beyond, "the same answer as for a stream that does not exist"
+    await problem(await api.client.get(object_url(api, "r", "s", sequence)), 401, "unauthenticated")
+    await problem(await api.client.get(object_url(api, "r", "s", "x1"), headers=api.headers), 400, "invalid_input")
+
+
+async def test_a_download_from_outside_the_egress_regions_is_refused(
+    aiohttp_client: Any, database_url: str, settings_for: Any, s3_regions: Any
+) -> None:
+    # the test client connects from 127.0.0.1, which this data plane maps to us-east-1
+    settings = settings_for(database_url, s3_regions=s3_regions, region_cidrs={"us-east-1": ["127.0.0.0/8"]})
+    api = StreamsApi(await aiohttp_client(create_app(settings)))
+    await api.create("r", "eu-only")
+    await api.create("r", "global", placement={"client_egress_regions": ["eu-west-1", "us-east-1"]})
+    for stream in ("eu-only", "global"):
+        assert await ObjectsApi(api, "r", stream).put(b"placed bytes", "k") == 1
+    body = await problem(
+        await api.client.get(object_url(api, "r", "eu-only", 1), headers=api.headers), 403, "placement_violation"
+    )
+    assert body["client_region"] == "us-east-1"
+    allowed = await api.client.get(object_url(api, "r", "global", 1), headers=api.headers)
+    assert allowed.status == 200 and await allowed.read() == b"placed bytes"
+
+
+async def test_only_committed_objects_of_records_are_readable(api: StreamsApi) -> None:
+    await api.create("r", "s")
+    objs = ObjectsApi(api, "r", "s")
+    pending = await (await objs.prepare(b"not committed", "pending")).json()
+    await objs.upload(pending["intent_id"], b"not committed")
+    await problem(await api.client.get(object_url(api, "r", "s", 1), headers=api.headers), 404, "not_found")
+    await objs.abort(pending["intent_id"])
+    await problem(await api.client.get(object_url(api, "r", "s", 1), headers=api.headers), 404, "not_found")
+    await api.append("r", "s", {"inline": True})
+    await problem(await api.client.get(object_url(api, "r", "s", 1), headers=api.headers), 409, "not_an_object")
+    assert await objs.put(b"committed", "committed") == 2
+    resp = await api.client.get(object_url(api, "r", "s", 2), headers=api.headers)
+    assert resp.status == 200 and await resp.read() == b"committed"
+
+
+async def test_a_pruned_object_is_410(api: StreamsApi, s3: Any) -> None:
+    await api.create("r", "s", retention={"max_records": 1})
+    objs = ObjectsApi(api, "r", "s")
+    await objs.put(b"first", "a")
+    await objs.put(b"second", "b")
+
+    async def pruned() -> bool:
+        return (await api.client.get(object_url(api, "r", "s", 1), headers=api.headers)).status == 410
+
+    await eventually(pruned)
+    await problem(await api.client.get(object_url(api, "r", "s", 1), headers=api.headers), 410, "cursor_expired")
+    resp = await api.client.get(object_url(api, "r", "s", 2), headers=api.headers)
+    assert resp.status == 200 and await resp.read() == b"second"
+
+
+async def test_prepare_refuses_an_object_that_could_never_be_committed(
+    api: StreamsApi, s3: Any, db: asyncpg.Connection
+) -> None:
+    await api.create("r", "s", credit={"max_unread_bytes": 1000, "max_total_bytes": 1500})
+    objs = ObjectsApi(api, "r", "s")
+    body = await problem(await objs.prepare(os.urandom(2000), "too-big"), 422, "object_exceeds_credit")
+    assert "max_unread_bytes" in body["detail"] and body["limit"] == 1000 and body["size"] == 2000
+    assert await db.fetchval("SELECT count(*) FROM wfs_object_intents") == 0, "refused before any upload"
+    first = os.urandom(900)
+    assert await objs.put(first, "first") == 1
+    body = await problem(await objs.prepare(os.urandom(700), "past-the-total"), 409, "quota_exhausted")
+    assert "max_total_bytes" in body["detail"]
+    again = await objs.prepare(first, "first")
+    assert again.status == 200, "a prepare replayed for a committed object is still answered"
+    assert (await again.json())["committed_sequence"] == 1

@@ -150,6 +150,10 @@ async def test_answered_problem_codes_are_documented(aiohttp_client: Any, databa
         ("POST", s + "/deliveries/requeue", {}),
         ("POST", s + "/objects/prepare", {"json": {"idempotency_key": "k", "sha256": "0" * 64, "size": 1}}),
         ("GET", s + "/objects/00000000-0000-0000-0000-000000000000", {}),
+        ("GET", s + "/records/1/object", {}),
+        ("GET", s + "/records/9/object", {}),
+        ("GET", s + "/records/0/object", {}),
+        ("GET", s + "/records/1/object", {"headers": EVE}),
         ("POST", s + "/objects/00000000-0000-0000-0000-000000000000/abort", {}),
     ]
     for method, url, kwargs in cases:

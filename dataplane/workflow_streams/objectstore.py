@@ -16,7 +16,7 @@ from aiobotocore.session import get_session
 from botocore.config import Config
 from botocore.exceptions import ClientError
 
-from .domain.errors import ObjectMismatch, ObjectRegionUnavailable
+from .domain.errors import ObjectGone, ObjectMismatch, ObjectRegionUnavailable
 from .domain.objects import PART_BYTES, s3_checksum
 
 log = logging.getLogger(__name__)
@@ -187,9 +187,17 @@ class ObjectStore:
         else:
             await client.delete_bucket_policy(Bucket=self.bucket(region))
 
-    async def get(self, region: str, key: str) -> Any:
-        """The object's streaming body (for downloads)."""
-        response = await self.client(region).get_object(Bucket=self.bucket(region), Key=key)
+    async def get(self, region: str, key: str, byte_range: tuple[int, int] | None = None) -> Any:
+        """The object's streaming body (``async with``; ``iter_chunks``), whole or one byte range (first and
+        last, inclusive). ObjectGone if S3 no longer has it."""
+        client, bucket = self.client(region), self.bucket(region)
+        ranged = {"Range": f"bytes={byte_range[0]}-{byte_range[1]}"} if byte_range is not None else {}
+        try:
+            response = await client.get_object(Bucket=bucket, Key=key, **ranged)
+        except ClientError as exc:
+            if exc.response["Error"]["Code"] in ("404", "NoSuchKey", "NotFound"):
+                raise ObjectGone("the object is no longer in S3: its record was pruned since") from None
+            raise
         return response["Body"]
 
 

@@ -1,4 +1,5 @@
-"""Large objects: prepare -> upload -> commit (or abort). Bytes go to S3; records carry metadata."""
+"""Large objects: prepare -> upload -> commit (or abort); readers download an object record's bytes.
+Bytes go to S3 and come back through here; records carry the metadata."""
 
 from __future__ import annotations
 
@@ -8,14 +9,15 @@ import uuid
 
 from aiohttp import web
 
-from ..domain.errors import InvalidInput, NotFound, ObjectRegionUnavailable
-from ..domain.objects import parse_prepare
+from ..domain.errors import FutureCursor, InvalidInput, NotAnObject, NotFound, ObjectRegionUnavailable
+from ..domain.objects import byte_range, parse_prepare, repr_digest, served_content_type
 from ..objectstore import ObjectStore
 from ..runtime.group_commit import with_credit_wait
+from ..runtime.reads import read_page
 from ..store import objects, retention
 from ..store.appends import AppendResult
-from .common import STREAM, chunks_with_idle_timeout, json_response, read_json, stream_key
-from .state import AppState, principal_of, state_of
+from .common import STREAM, chunks_with_idle_timeout, client_region_of, json_response, read_json, stream_key
+from .state import STREAMING, AppState, principal_of, state_of
 
 log = logging.getLogger(__name__)
 
@@ -23,9 +25,13 @@ routes = web.RouteTableDef()
 INTENT = STREAM + "/objects/{intent_id}"
 
 
+# how much of an object is held in memory while it streams to a reader
+DOWNLOAD_CHUNK_BYTES = 256 * 1024
+
+
 def _store(app: AppState) -> ObjectStore:
     if app.objects is None:
-        raise ObjectRegionUnavailable("this data plane has no object store configured")
+        raise ObjectRegionUnavailable(app.settings.objects_pending or "this data plane has no object store configured")
     return app.objects
 
 
@@ -132,3 +138,64 @@ async def abort(request: web.Request) -> web.Response:
     async with app.pool.acquire() as conn:
         state = await objects.abort(conn, run_id, stream_id, intent_id, principal)
     return json_response({"intent_id": intent_id, "state": state})
+
+
+def _sequence(request: web.Request) -> int:
+    text = request.match_info["sequence"]
+    if not text.isascii() or not text.isdigit() or len(text) > 19 or not 1 <= int(text) < 2**63:
+        raise InvalidInput("sequence must be a positive integer", field="sequence")
+    return int(text)
+
+
+@routes.get(STREAM + "/records/{sequence}/object")
+async def download(request: web.Request) -> web.StreamResponse:
+    """An object record's bytes, streamed from S3. The record is read as every read is (the read right,
+    then client egress, then only what is durable), so a caller learns nothing it could not read; an
+    object exists for a reader only once its record does (committed, not yet pruned)."""
+    app = state_of(request)
+    principal = await principal_of(request)
+    run_id, stream_id = stream_key(request)
+    sequence = _sequence(request)
+    try:
+        page = await read_page(
+            app.pool,
+            app.durability,
+            run_id,
+            stream_id,
+            sequence - 1,
+            1,
+            caller=principal,
+            client_region=client_region_of(request),
+        )
+    except FutureCursor as exc:
+        raise NotFound(f"no record {sequence} in the stream", latest=exc.extra.get("latest")) from None
+    record = page.records[0] if page.records and page.records[0].sequence == sequence else None
+    if record is None:
+        raise NotFound(f"no record {sequence} in the stream", latest=page.bounds.latest)
+    if record.object is None:
+        raise NotAnObject(f"record {sequence} holds its payload inline; read it with GET …/records")
+    meta = record.object
+    size = int(meta["size"])
+    wanted = byte_range(request.headers.get("Range"), size)
+    first, last = wanted if wanted is not None else (0, size - 1)
+    headers = {
+        "Content-Type": served_content_type(meta["content_type"]),
+        "Repr-Digest": repr_digest(meta["sha256"]),
+        "Accept-Ranges": "bytes",
+        # what a caller stored is never rendered as a page of this origin
+        "Content-Disposition": "attachment",
+        "X-Content-Type-Options": "nosniff",
+        "Content-Security-Policy": "default-src 'none'; sandbox",
+    }
+    if wanted is not None:
+        headers["Content-Range"] = f"bytes {first}-{last}/{size}"
+    response = web.StreamResponse(status=206 if wanted is not None else 200, headers=headers)
+    response.content_length = last - first + 1
+    body = await _store(app).get(meta["region"], meta["key"], wanted)
+    async with body:
+        await response.prepare(request)
+        request[STREAMING] = True  # from here an error can only cut the response short
+        async for chunk in body.iter_chunks(DOWNLOAD_CHUNK_BYTES):
+            await response.write(chunk)
+    await response.write_eof()
+    return response

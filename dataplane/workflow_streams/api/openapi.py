@@ -42,7 +42,7 @@ CODE_MEANING: dict[str, str] = {
     "forbidden": "no such stream, or the caller may not do this on it (the same answer for both)",
     "placement_violation": "the pins do not allow this from here (client egress region, metadata home)",
     "consumer_scope_mismatch": "the consumer id belongs to another stream",
-    "not_found": "no such object intent",
+    "not_found": "no such object intent, or no record at that sequence",
     "pins_conflict": "the stream exists with other pins; pins are immutable",
     "stream_closed": "the stream is closed",
     "idempotency_key_reused": "the idempotency key was used for a different request",
@@ -65,7 +65,13 @@ CODE_MEANING: dict[str, str] = {
     "object_mismatch": "the uploaded bytes are not what was prepared (size or sha256)",
     "backpressure": "the unread ceiling is reached: retry after `Retry-After`",
     "too_many_subscriptions": "too many open subscriptions for this principal on this replica",
-    "object_region_unavailable": "no object store is configured for the region",
+    "object_region_unavailable": "no object store is configured for the region (in `workflow-streams dev`: "
+    "not yet, while MinIO is being built)",
+    "object_exceeds_credit": "the object is larger than the stream's `credit.max_unread_bytes`: it could never "
+    "be committed (`limit` is the ceiling)",
+    "not_an_object": "the record holds its payload inline (read it with `GET …/records`)",
+    "object_gone": "the record was pruned and its object deleted since it was read",
+    "range_not_satisfiable": "the `Range` starts past the object's end (`Content-Range: bytes */<size>`)",
 }
 
 # every operation can answer these
@@ -86,6 +92,16 @@ HEADERS = {
         "schema": {"type": "string", "enum": ["true"]},
     },
     "WWW-Authenticate": {"description": "the bearer challenge", "schema": {"type": "string"}},
+    "Content-Length": {"description": "the bytes in this response", "schema": {"type": "integer", "minimum": 0}},
+    "Content-Range": {
+        "description": "the bytes sent, `bytes <first>-<last>/<size>`",
+        "schema": {"type": "string", "pattern": "^bytes [0-9]+-[0-9]+/[0-9]+$"},
+    },
+    "Repr-Digest": {
+        "description": "the SHA-256 of the whole object (RFC 9530), `sha-256=:<base64>:`, on partial responses too",
+        "schema": {"type": "string"},
+    },
+    "Accept-Ranges": {"description": "`bytes`: one byte range may be asked for", "schema": {"type": "string"}},
 }
 
 
@@ -112,6 +128,21 @@ INTENT_PARAM = {
     "required": True,
     "description": "the intent's id, from prepare",
     "schema": {"type": "string", "format": "uuid"},
+}
+SEQUENCE_PARAM = {
+    "name": "sequence",
+    "in": "path",
+    "required": True,
+    "description": "the object record's sequence",
+    "schema": {"type": "integer", "minimum": 1, "maximum": 2**63 - 1},
+    "example": 1,
+}
+RANGE = {
+    "name": "Range",
+    "in": "header",
+    "description": "one byte range, `bytes=<first>-[<last>]` or `bytes=-<suffix>` (RFC 9110); other forms are "
+    "ignored and the whole object is sent",
+    "schema": {"type": "string"},
 }
 CONSUMER_PARAM = {
     "name": "consumer_id",
@@ -176,6 +207,17 @@ def _ok(
     if headers:
         response["headers"] = {name: HEADERS[name] for name in headers}
     return {status: response}
+
+
+def _binary(status: str, description: str, headers: tuple[str, ...]) -> dict[str, dict[str, Any]]:
+    """Bytes of any content type: an object is served with the content type it was prepared with."""
+    return {
+        status: {
+            "description": description,
+            "headers": {name: HEADERS[name] for name in headers},
+            "content": {"*/*": {"schema": {"type": "string", "format": "binary"}}},
+        }
+    }
 
 
 def _problems(*codes: str) -> dict[str, dict[str, Any]]:
@@ -681,17 +723,53 @@ def document() -> dict[str, Any]:
                 "prepareObject",
                 "objects",
                 "Prepare an object upload",
-                "Pins idempotency key, sha256, size and content type; the server picks bucket and key.",
+                "Pins idempotency key, sha256, size and content type; the server picks bucket and key. An "
+                "object that could never be committed (larger than `credit.max_unread_bytes`, or past a "
+                "lifetime total) is refused here, before its bytes are sent.",
                 STREAM_PARAMS,
                 {
                     **_ok("201", _ref("Intent"), "prepared"),
                     **_ok("200", _ref("Intent"), "already prepared with this idempotency key"),
                     **_problems(
-                        *BODY, *ON_STREAM, "stream_closed", "idempotency_key_reused", "object_region_unavailable"
+                        *BODY,
+                        *ON_STREAM,
+                        "stream_closed",
+                        "idempotency_key_reused",
+                        "object_exceeds_credit",
+                        "quota_exhausted",
+                        "object_region_unavailable",
                     ),
                 },
                 requestBody=_json_body(_ref("Prepare"), "what will be uploaded"),
             ),
+        },
+        s + "/records/{sequence}/object": {
+            "get": _operation(
+                "readObject",
+                "objects",
+                "Download an object record's bytes",
+                "The bytes of the object record at `sequence`, streamed from S3, with its content type and "
+                "`Repr-Digest` (SHA-256). The record is read as `GET …/records` reads it: the `read` right, "
+                "then the caller's region against the stream's client-egress regions, and only committed, "
+                "retained records (a pruned one is `410 cursor_expired`). One `Range` is honoured (`206`).",
+                [*STREAM_PARAMS, SEQUENCE_PARAM, RANGE],
+                {
+                    **_binary("200", "the object's bytes", ("Content-Length", "Repr-Digest", "Accept-Ranges")),
+                    **_binary(
+                        "206", "one range of the object's bytes", ("Content-Length", "Content-Range", "Repr-Digest")
+                    ),
+                    **_problems(
+                        *ON_STREAM,
+                        "placement_violation",
+                        "cursor_expired",
+                        "not_found",
+                        "not_an_object",
+                        "object_gone",
+                        "range_not_satisfiable",
+                        "object_region_unavailable",
+                    ),
+                },
+            )
         },
         intent: {
             "get": _operation(

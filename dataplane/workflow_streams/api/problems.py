@@ -37,6 +37,10 @@ STATUS: dict[type[errors.StreamError], int] = {
     errors.InvalidDefinition: 422,
     errors.ForbiddenContentClass: 422,
     errors.BatchExceedsCredit: 422,
+    errors.ObjectExceedsCredit: 422,
+    errors.NotAnObject: 409,
+    errors.ObjectGone: 410,
+    errors.RangeNotSatisfiable: 416,
     errors.Backpressure: 429,
     errors.ObjectMismatch: 422,
     errors.ObjectEvidenceMismatch: 409,
@@ -104,6 +108,8 @@ def from_error(exc: errors.StreamError) -> web.Response:
         headers["Retry-After"] = str(getattr(exc, "retry_after", 5))
     if isinstance(exc, errors.Unauthenticated):
         headers["WWW-Authenticate"] = 'Bearer realm="workflow-streams"'
+    if isinstance(exc, errors.RangeNotSatisfiable):
+        headers["Content-Range"] = f"bytes */{exc.extra['size']}"
     return problem(status, exc.code, exc.detail, headers, **exc.extra)
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from .errors import ObjectExceedsCredit, QuotaExhausted
 from .pins import Credit
 
 
@@ -57,3 +58,31 @@ def base_sequence(min_ack: int | None, earliest_sequence: int) -> int:
     its SQL writing, ``store.usage.base_sequence`` (tests/test_unread_rule.py holds the two together).
     """
     return max(min_ack or 0, earliest_sequence - 1)
+
+
+def check_object(credit: Credit, size: int, appended_items: int, appended_bytes: int) -> None:
+    """Whether an object of ``size`` bytes can ever be committed to a stream that has appended so much: what
+    ``decide`` would refuse for good (over the unread ceiling alone, or past a lifetime total, which only
+    grows) is refused before the upload; a full unread window is not, acks may free it by the commit."""
+    if size > credit.max_unread_bytes:
+        raise ObjectExceedsCredit(
+            f"the object's {size} bytes exceed the stream's unread ceiling, credit.max_unread_bytes"
+            f" ({credit.max_unread_bytes}): it could never be committed",
+            field="size",
+            size=size,
+            limit=credit.max_unread_bytes,
+            pin="credit.max_unread_bytes",
+        )
+    if credit.max_total_items is not None and appended_items + 1 > credit.max_total_items:
+        raise QuotaExhausted(
+            f"the stream has appended its lifetime total, credit.max_total_items ({credit.max_total_items})",
+            limit=credit.max_total_items,
+            pin="credit.max_total_items",
+        )
+    if credit.max_total_bytes is not None and appended_bytes + size > credit.max_total_bytes:
+        raise QuotaExhausted(
+            f"the object's {size} bytes would pass the stream's lifetime total, credit.max_total_bytes"
+            f" ({credit.max_total_bytes}; {appended_bytes} appended)",
+            limit=credit.max_total_bytes,
+            pin="credit.max_total_bytes",
+        )

@@ -104,6 +104,13 @@ class BatchExceedsCredit(StreamError):
     code = "batch_exceeds_credit"
 
 
+class ObjectExceedsCredit(StreamError):
+    """An object larger than the stream's unread-bytes ceiling: it could never be committed, so it is refused
+    at prepare, before its bytes are sent."""
+
+    code = "object_exceeds_credit"
+
+
 class AckRegression(StreamError):
     code = "ack_regression"
 
@@ -134,6 +141,24 @@ class IntentState(StreamError):
 
 class IntentExpired(StreamError):
     code = "intent_expired"
+
+
+class NotAnObject(StreamError):
+    """The record holds its payload inline: there are no object bytes to download."""
+
+    code = "not_an_object"
+
+
+class ObjectGone(StreamError):
+    """The record was read, but its object is no longer in S3 (pruned and deleted since)."""
+
+    code = "object_gone"
+
+
+class RangeNotSatisfiable(StreamError):
+    """A ``Range`` that starts past the object's end (``size`` says where it ends)."""
+
+    code = "range_not_satisfiable"
 
 
 class ObjectRegionUnavailable(StreamError):

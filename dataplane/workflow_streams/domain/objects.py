@@ -8,13 +8,17 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import InvalidInput, PayloadTooLarge
+from .errors import InvalidInput, PayloadTooLarge, RangeNotSatisfiable
 
 MAX_OBJECT_BYTES = 32 * 1024 * 1024
 # S3's minimum part size; one part's buffer is all an upload holds in memory
 PART_BYTES = 5 * 1024 * 1024
 DEFAULT_EXPIRY_SECONDS = 3600
 _SHA256_HEX = re.compile(r"[0-9a-f]{64}")
+# one byte range (RFC 9110 14.1.2): "first-[last]" or "-suffix"; positions of at most 19 digits
+_BYTE_RANGE = re.compile(r"bytes=(?:(\d{1,19})-(\d{1,19})?|-(\d{1,19}))", re.IGNORECASE)
+# a content type as a response header may carry it: printable ASCII (what prepare accepts is wider)
+_HEADER_SAFE = re.compile(r"[\x20-\x7e]+")
 _FIELDS = {"idempotency_key", "sha256", "size", "content_type", "schema_ref", "region", "expires_in_seconds"}
 
 # state -> states it may move to
@@ -137,3 +141,38 @@ def object_json(
         "content_type": content_type,
         "intent_id": intent_id,
     }
+
+
+def byte_range(header: str | None, size: int) -> tuple[int, int] | None:
+    """The one byte range a ``Range`` header asks of an object of ``size`` bytes, as (first, last)
+    inclusive; None to send the whole object. A header this server does not take (another unit, several
+    ranges, a malformed or reversed one) is ignored, as RFC 9110 allows; a range starting past the end is
+    ``RangeNotSatisfiable``."""
+    if header is None:
+        return None
+    found = _BYTE_RANGE.fullmatch(header.strip())
+    if found is None:
+        return None
+    first_text, last_text, suffix_text = found.groups()
+    if suffix_text is not None:
+        suffix = int(suffix_text)
+        if suffix == 0:
+            raise RangeNotSatisfiable(f"an empty suffix range of a {size}-byte object", size=size)
+        return max(0, size - suffix), size - 1
+    first = int(first_text)
+    last = size - 1 if last_text is None else int(last_text)
+    if last_text is not None and last < first:
+        return None
+    if first >= size:
+        raise RangeNotSatisfiable(f"the range starts at byte {first}; the object has {size} bytes", size=size)
+    return first, min(last, size - 1)
+
+
+def repr_digest(sha256_hex: str) -> str:
+    """The ``Repr-Digest`` header (RFC 9530) of an object: its whole SHA-256, also on a partial response."""
+    return f"sha-256=:{base64.b64encode(bytes.fromhex(sha256_hex)).decode()}:"
+
+
+def served_content_type(content_type: str) -> str:
+    """The Content-Type an object is served with: its own, where a header can carry it as given."""
+    return content_type if _HEADER_SAFE.fullmatch(content_type) else "application/octet-stream"

@@ -10,6 +10,7 @@ from typing import Any
 import asyncpg
 
 from ..domain.authz import Principal, authorize, matching_subject
+from ..domain.credit import check_object
 from ..domain.errors import (
     IdempotencyKeyReused,
     IntentExpired,
@@ -105,6 +106,11 @@ async def prepare(
         stream = await streams.load(conn, run_id, stream_id, caller=principal, right="append")
         if stream.closed:
             raise StreamClosed("the stream is closed; appends are rejected")
+        found = await conn.fetchrow(_INTENT_BY_KEY, run_id, stream_id, pins.idempotency_key)
+        if found is not None:
+            return _same_intent(found, pins), False
+        # a new intent: refused now if its object could never be committed, before its bytes are sent
+        check_object(stream.pins.credit, pins.size, stream.last_sequence, stream.appended_bytes)
         region = choose_region(pins.region, stream.pins.placement.object_regions)
         intent_id = uuid.uuid4()
         receipt = {
@@ -139,18 +145,19 @@ async def prepare(
         )
         if row is not None:
             return _intent(row), True
-        existing = _intent(
-            await conn.fetchrow(
-                """SELECT * FROM wfs_object_intents
-                   WHERE run_id = $1 AND stream_id = $2 AND idempotency_key = $3""",
-                run_id,
-                stream_id,
-                pins.idempotency_key,
-            )
-        )
-        if not pins.same_as(existing.prepared):
-            raise IdempotencyKeyReused("this idempotency key prepared a different object")
-        return existing, False
+        # a concurrent prepare with this key inserted first
+        return _same_intent(await conn.fetchrow(_INTENT_BY_KEY, run_id, stream_id, pins.idempotency_key), pins), False
+
+
+_INTENT_BY_KEY = "SELECT * FROM wfs_object_intents WHERE run_id = $1 AND stream_id = $2 AND idempotency_key = $3"
+
+
+def _same_intent(row: asyncpg.Record, pins: ObjectPins) -> Intent:
+    """The intent an idempotency key already made, if these pins ask for the same object."""
+    existing = _intent(row)
+    if not pins.same_as(existing.prepared):
+        raise IdempotencyKeyReused("this idempotency key prepared a different object")
+    return existing
 
 
 async def get_intent(
