@@ -133,3 +133,50 @@ async def test_credit_refusals_are_429_with_retry_after(ds_client: MakeClient) -
     refused = await client.post(f"{DS}/c", headers={"Content-Type": "text/plain", **producer}, data=b"c")
     assert refused.status == 429 and "Retry-After" in refused.headers
     assert await (await client.get(f"{DS}/c")).read() == b"ab"
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"[NaN]",
+        b'{"x": Infinity}',
+        b"[1e400]",
+        b'["\\ud800"]',
+        b"[" * 100_000 + b"]" * 100_000,
+        b"\xff\xfe not UTF-8",
+    ],
+    ids=["nan", "infinity", "overflow", "lone-surrogate", "deep", "not-utf8"],
+)
+async def test_bodies_that_are_not_strict_json_store_nothing(ds_client: MakeClient, body: bytes) -> None:
+    """JSON mode takes strict JSON only, as our own API does: what is stored is served to every reader,
+    and one NaN would make every later read of the stream invalid JSON."""
+    client = await ds_client(durable_anonymous=True)
+    json_mode = {"Content-Type": "application/json"}
+    assert (await client.put(f"{DS}/j", headers=json_mode, data=b'[{"ok":1}]')).status == 201
+    refused = await client.post(f"{DS}/j", headers=json_mode, data=body)
+    assert refused.status == 400, await refused.text()
+    assert (await client.put(f"{DS}/k", headers=json_mode, data=body)).status == 400
+    read = await client.get(f"{DS}/j?offset=-1")
+    assert await read.json() == [{"ok": 1}]
+    assert (await client.head(f"{DS}/k")).status == 404
+
+
+async def test_a_catch_up_read_answers_an_ordinary_stream_whole_and_compressed(ds_client: MakeClient) -> None:
+    """The protocol's clients take the first response of a read that is not live and stop: 2,000
+    records come in one response (compressed when asked), and HEAD says which state it describes."""
+    client = await ds_client(durable_anonymous=True)
+    json_mode = {"Content-Type": "application/json"}
+    assert (await client.put(f"{DS}/many", headers=json_mode)).status == 201
+    for start in range(0, 2000, 500):
+        batch = ",".join(f'{{"n":{n}}}' for n in range(start, start + 500))
+        assert (await client.post(f"{DS}/many", headers=json_mode, data=f"[{batch}]")).status == 204
+    read = await client.get(f"{DS}/many?offset=-1", headers={"Accept-Encoding": "gzip"})
+    assert read.headers["Content-Encoding"] == "gzip"
+    assert read.headers["Stream-Up-To-Date"] == "true"
+    assert [m["n"] for m in await read.json()] == list(range(2000))
+    head = await client.head(f"{DS}/many")
+    assert (await client.head(f"{DS}/many")).headers["ETag"] == head.headers["ETag"]  # nothing changed
+    assert (await client.post(f"{DS}/many", headers=json_mode, data=b'{"n":2000}')).status == 204
+    assert (await client.head(f"{DS}/many")).headers["ETag"] != head.headers["ETag"]
+    plain = await client.get(f"{DS}/many?offset=-1", headers={"Accept-Encoding": "identity"})
+    assert "Content-Encoding" not in plain.headers

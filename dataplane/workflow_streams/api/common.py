@@ -104,3 +104,16 @@ def client_region_of(request: web.Request) -> str:
         settings.trusted_proxies,
         settings.region,
     )
+
+
+# bodies smaller than this go as they are: compressing them costs more than it saves
+COMPRESS_MIN_BYTES = 1024
+
+
+def compressible(response: web.Response) -> web.Response:
+    """Compressed with gzip or deflate if the request's Accept-Encoding asks for one (aiohttp chooses at
+    prepare; nothing changes for a client that asks for neither) and the body is large enough."""
+    body = response.body
+    if isinstance(body, bytes | bytearray) and len(body) >= COMPRESS_MIN_BYTES:
+        response.enable_compression()
+    return response

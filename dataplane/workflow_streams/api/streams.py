@@ -19,7 +19,16 @@ from ..runtime.group_commit import append_records
 from ..runtime.reads import read_page
 from ..store import consumers, definitions, deliveries, streams
 from ..store.appends import AppendRequest
-from .common import JSON_HEADERS, STREAM, client_region_of, json_object, json_response, read_json, stream_key
+from .common import (
+    JSON_HEADERS,
+    STREAM,
+    client_region_of,
+    compressible,
+    json_object,
+    json_response,
+    read_json,
+    stream_key,
+)
 from .state import principal_of, state_of
 
 routes = web.RouteTableDef()
@@ -95,7 +104,7 @@ async def read(request: web.Request) -> web.Response:
     metrics.READ_RECORDS.inc(len(page.records))
     next_after = page.next_after if page.next_after is not None else after
     body = wire.page_bytes(page.records, next_after, page.bounds, page.closed)
-    return web.Response(body=body, headers=JSON_HEADERS)
+    return compressible(web.Response(body=body, headers=JSON_HEADERS))
 
 
 @routes.post("/runs/{run_id}/streams")

@@ -20,12 +20,14 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
+from . import strictjson
 from .errors import InvalidInput, PayloadTooLarge, StreamError
 from .ids import check_id
 from .media import media_type as media_type  # the one rule; store and api/durable ask rules.media_type
 from .records import INLINE_LIMIT
 
 OFFSET_WIDTH = 20  # 2**63 - 1 has 19 digits
+STREAM_PATH_PREFIX = "/v1/stream/"  # where this surface's streams live, under its mount point
 START = "-1"  # the protocol's sentinel for the beginning
 NOW = "now"  # the protocol's sentinel for the current tail
 # a JavaScript-safe integer bound, as the protocol requires for producer epochs and sequences
@@ -61,6 +63,13 @@ class ProducerGap(DurableConflict):
     code = "producer_seq_gap"
 
 
+class StreamGone(StreamError):
+    """A stream deleted while forks of it remain: it answers 410 to every request until the last fork
+    goes, and its name stays taken (a PUT is a conflict)."""
+
+    code = "stream_deleted"
+
+
 class StaleProducerEpoch(StreamError):
     """A producer epoch older than the stream's (a fenced zombie): 403 with the current epoch."""
 
@@ -91,6 +100,22 @@ class Offset:
         return earliest - 1 if self.after is None else self.after
 
 
+# The reference server's offsets are two 16-digit numbers (``<read seq>_<byte offset>``), and clients,
+# the conformance suite among them, name the start and "beyond any stream" in that shape. Accepted as a
+# fork point, its first number read as our sequence; ours are what this server hands out.
+_REFERENCE_OFFSET = re.compile(r"([0-9]{16})_([0-9]{16})")
+
+
+def parse_sequence(text: str, field: str) -> int:
+    """An offset this server returned (or the reference shape above) as its exclusive cursor."""
+    reference = _REFERENCE_OFFSET.fullmatch(text)
+    if reference is not None:
+        return int(reference[1])
+    if len(text) != OFFSET_WIDTH or not _DIGITS.fullmatch(text) or int(text) > 2**63 - 1:
+        raise InvalidInput(f"{field} must be an offset this server returned, not {text!r}", field=field)
+    return int(text)
+
+
 def parse_offset(values: list[str]) -> Offset:
     """The ``offset`` query parameter (all its values: a repeated parameter is refused). Absent means
     the start. Only sentinels and offsets this server hands out are accepted."""
@@ -106,6 +131,48 @@ def parse_offset(values: list[str]) -> Offset:
     if len(text) != OFFSET_WIDTH or not _DIGITS.fullmatch(text) or int(text) > 2**63 - 1:
         raise InvalidInput(f"offset must be -1, now, or an offset this server returned, not {text!r}", field="offset")
     return Offset(int(text))
+
+
+@dataclass(frozen=True)
+class Fork:
+    """A PUT's fork headers: the source's name, the offset to copy through (None: its tail) and how far
+    into the next record (bytes of a byte stream, messages of a JSON stream)."""
+
+    source: str
+    offset: int | None
+    sub_offset: int
+
+
+_SUB_OFFSET = re.compile(r"0|[1-9][0-9]{0,15}")
+
+
+def parse_fork(forked_from: str | None, offset: str | None, sub_offset: str | None, prefix: str) -> Fork | None:
+    """``Stream-Forked-From`` (the source's path: ``[<prefix>]/v1/stream/<name>``), ``Stream-Fork-Offset``
+    and ``Stream-Fork-Sub-Offset``; None without a fork."""
+    if forked_from is None:
+        if offset is not None or sub_offset is not None:
+            raise InvalidInput(
+                "Stream-Fork-Offset and Stream-Fork-Sub-Offset need Stream-Forked-From", field="Stream-Forked-From"
+            )
+        return None
+    path = forked_from.strip()
+    if prefix and path.startswith(prefix + "/"):
+        path = path[len(prefix) :]
+    if not path.startswith(STREAM_PATH_PREFIX) or len(path) == len(STREAM_PATH_PREFIX):
+        raise InvalidInput(
+            f"Stream-Forked-From must be a stream's path, {STREAM_PATH_PREFIX}<name>", field="Stream-Forked-From"
+        )
+    sub = 0
+    if sub_offset is not None:
+        if not _SUB_OFFSET.fullmatch(sub_offset):
+            raise InvalidInput("Stream-Fork-Sub-Offset must be a non-negative integer", field="Stream-Fork-Sub-Offset")
+        sub = int(sub_offset)
+        if sub > 0 and offset is None:
+            raise InvalidInput(
+                "Stream-Fork-Sub-Offset needs Stream-Fork-Offset to count from", field="Stream-Fork-Sub-Offset"
+            )
+    at = parse_sequence(offset, "Stream-Fork-Offset") if offset is not None else None
+    return Fork(path[len(STREAM_PATH_PREFIX) :], at, sub)
 
 
 def stream_key(name: str, default_run_id: str) -> tuple[str, str]:
@@ -150,9 +217,12 @@ def json_messages(body: bytes, allow_empty: bool) -> list[bytes]:
     one message. Each message is stored compact, so concatenating them inside ``[...]`` is the read body.
     An empty array is refused on append (nothing to do, most likely a bug) and allowed on create."""
     try:
-        value = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InvalidInput(f"the body is not valid JSON: {exc}", field="/") from None
+        text = body.decode("utf-8")
+    except UnicodeDecodeError:
+        raise InvalidInput("the body is not UTF-8", field="/") from None
+    # strict JSON, as on our own API: NaN, 1e400 or a lone surrogate stored would make every later read
+    # of the stream invalid JSON
+    value = strictjson.loads(text)
     values = value if isinstance(value, list) else [value]
     if not values and not allow_empty:
         raise InvalidInput("an empty JSON array appends nothing", field="/")

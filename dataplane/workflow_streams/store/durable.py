@@ -8,6 +8,7 @@ rules and records as every other append; the caller publishes the returned wake 
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 from dataclasses import dataclass
 
@@ -17,21 +18,24 @@ from ..domain.authz import Principal, Trusted, require
 from ..domain.durable import (
     ConfigConflict,
     ContentTypeMismatch,
+    Fork,
     Lifetime,
     Producer,
     ProducerGap,
     ProducerState,
     StaleProducerEpoch,
+    StreamGone,
     Verdict,
     check_stream_seq,
     decide_producer,
+    is_json_mode,
     media_type,
 )
 from ..domain.errors import InvalidInput, PinsConflict, StreamClosed, StreamHeld, StreamNotFound
 from ..domain.pins import StreamPins
 from ..domain.records import RecordIn
 from ..domain.wakes import RECORDS, Signal
-from . import appends, db, definitions
+from . import appends, db, definitions, streams
 from .definitions import lock_stream, pins_of
 
 OWN_CONTENT_TYPE = "application/json"
@@ -40,12 +44,23 @@ EXPIRY = Trusted("durable-streams expiry")
 
 _SELECT = """
 SELECT s.run_id, s.stream_id, s.pins, s.pins_digest, s.last_sequence, s.earliest_sequence, s.closed_at,
-       s.created_at, d.content_type, d.ttl_seconds, d.expires_at, d.accessed_at, d.stream_seq,
-       d.closed_by_producer, d.closed_by_epoch, d.closed_by_seq, d.adopted, d.created_at AS ds_created_at,
-       clock_timestamp() AS db_now
+       s.created_at, s.stream_key, s.pruned_bytes, d.content_type, d.ttl_seconds, d.expires_at,
+       d.accessed_at, d.stream_seq, d.closed_by_producer, d.closed_by_epoch, d.closed_by_seq, d.adopted,
+       d.created_at AS ds_created_at, d.forked_from_run, d.forked_from_stream, d.fork_offset,
+       d.fork_sub_offset, coalesce(d.forks, 0) AS forks, d.deleted_at, clock_timestamp() AS db_now
 FROM wfs_streams s LEFT JOIN wfs_durable_streams d USING (run_id, stream_id)
 WHERE s.run_id = $1 AND s.stream_id = $2
 """
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Where a fork came from: its source and the point it copied through."""
+
+    run_id: str
+    stream_id: str
+    offset: int
+    sub_offset: int
 
 
 @dataclass(frozen=True)
@@ -68,6 +83,12 @@ class Meta:
     # created through the protocol (PUT), as opposed to one of our own streams
     created_here: bool
     now: dt.datetime
+    stream_key: int = 0
+    pruned_bytes: int = 0
+    # a fork's source; and this stream's live forks, and whether it was deleted while they remain
+    origin: Origin | None = None
+    forks: int = 0
+    deleted: bool = False
 
     @property
     def expired(self) -> bool:
@@ -80,9 +101,22 @@ class Meta:
 
     def same_config(self, content_type: str, lifetime: Lifetime, closed: bool) -> bool:
         return (
-            media_type(self.content_type) == media_type(content_type)
+            self.origin is None
+            and media_type(self.content_type) == media_type(content_type)
             and self.lifetime == lifetime
             and self.closed == closed
+        )
+
+    def same_fork(self, source: tuple[str, str], fork: Fork, content_type: str | None, lifetime: Lifetime) -> bool:
+        """A PUT repeating the fork that made this stream: the same source and, as far as the PUT names
+        them, the same fork point, content type and lifetime."""
+        origin = self.origin
+        return (
+            origin is not None
+            and (origin.run_id, origin.stream_id) == source
+            and (fork.offset is None or (fork.offset, fork.sub_offset) == (origin.offset, origin.sub_offset))
+            and (content_type is None or media_type(self.content_type) == media_type(content_type))
+            and (lifetime == Lifetime() or self.lifetime == lifetime)
         )
 
 
@@ -106,6 +140,15 @@ def _meta(row: asyncpg.Record) -> Meta:
         closed_by=closed_by,
         created_here=has_row and not row["adopted"],
         now=row["db_now"],
+        stream_key=row["stream_key"],
+        pruned_bytes=row["pruned_bytes"],
+        origin=(
+            Origin(row["forked_from_run"], row["forked_from_stream"], row["fork_offset"], row["fork_sub_offset"])
+            if row["forked_from_run"] is not None
+            else None
+        ),
+        forks=row["forks"],
+        deleted=row["deleted_at"] is not None,
     )
 
 
@@ -120,15 +163,18 @@ async def load(conn: asyncpg.Connection, run_id: str, stream_id: str) -> Meta:
     meta = await fetch(conn, run_id, stream_id)
     if meta is None:
         raise StreamNotFound("no such stream")
+    if meta.deleted:
+        raise StreamGone("the stream was deleted; forks of it remain")
     if meta.expired:
-        await _delete_expired(conn, meta)
+        if await _delete_expired(conn, meta) and meta.forks:
+            raise StreamGone("the stream expired; forks of it remain")
         raise StreamNotFound("the stream expired")
     return meta
 
 
 async def _delete_expired(conn: asyncpg.Connection, meta: Meta) -> bool:
     try:
-        await definitions.delete_stream(conn, meta.run_id, meta.stream_id, EXPIRY)
+        await remove(conn, meta, EXPIRY)
     except StreamHeld:
         return False  # a legal hold keeps the records; the protocol still sees no stream
     return True
@@ -169,8 +215,8 @@ async def create(
     decide who may learn that an existing stream exists."""
     async with db.transaction(conn):
         existing = await fetch(conn, run_id, stream_id)
-        if existing is not None and existing.expired and await _delete_expired(conn, existing):
-            existing = None
+        if existing is not None and not existing.deleted and existing.expired and await _delete_expired(conn, existing):
+            existing = await fetch(conn, run_id, stream_id)  # gone, or kept deleted for its forks
         if existing is None:
             try:
                 # Trusted: this surface decides on its Meta who may learn of an existing stream (``create``)
@@ -196,11 +242,174 @@ async def create(
                     signals.append(Signal(RECORDS, run_id, stream_id, 0, state.last_sequence))
                 return Created(await _fetch_existing(conn, run_id, stream_id), True, signals)
             existing = await _fetch_existing(conn, run_id, stream_id)
-        if not existing.same_config(content_type, lifetime, closed):
-            conflict = ConfigConflict("the stream exists with another content type, lifetime or closed state")
-            conflict.extra["meta"] = existing
+        if existing.deleted or not existing.same_config(content_type, lifetime, closed):
+            detail = "the stream exists with another content type, lifetime or closed state"
+            if existing.deleted:
+                detail = "a stream of this name was deleted while forks of it remain"
+            conflict = ConfigConflict(detail)
+            conflict.extra["meta"] = existing  # who may learn of it is the caller's to decide
             raise conflict
         return Created(existing, False, [])
+
+
+class ForkConflict(ConfigConflict):
+    """A fork that cannot be made from this source: deleted, or of another content type."""
+
+    code = "fork_conflict"
+
+
+# the source's records through the fork point, copied into the fork as they are (same sequences and
+# cumulative bytes: a fork shares its source's offsets up to the fork point)
+_COPY = """
+INSERT INTO wfs_records
+    (stream_key, sequence, cumulative_bytes, appended_at, content_type, appended_by, payload, object)
+SELECT $1, r.sequence, r.cumulative_bytes, r.appended_at, r.content_type, r.appended_by, r.payload, r.object
+FROM wfs_records r WHERE r.stream_key = $2 AND r.sequence <= $3
+"""
+
+
+async def fork(
+    conn: asyncpg.Connection,
+    run_id: str,
+    stream_id: str,
+    source_key: tuple[str, str],
+    spec: Fork,
+    pins: StreamPins,
+    principal: Principal,
+    content_type: str | None,
+    lifetime: Lifetime,
+    closed: bool,
+    initial: list[RecordIn],
+) -> Created:
+    """Create the stream as a fork of ``source_key`` (copy-on-fork, PROTOCOL.md's stream forking): the
+    source's records through the fork point are copied, with a sub-offset the first bytes (byte stream)
+    or messages (JSON) after it; then ``initial``. The fork takes the source's content type and lifetime
+    unless the PUT names its own, starts open, and has no producer state. Or find the same fork again.
+    Made under the source's row lock, so its fork count and tail hold for the whole decision."""
+    async with db.transaction(conn):
+        await lock_stream(conn, *source_key)
+        source = await fetch(conn, *source_key)
+        if source is None or (source.expired and not source.deleted):
+            raise StreamNotFound("the fork's source does not exist")
+        if source.deleted:
+            raise ForkConflict("the fork's source was deleted")
+        existing = await fetch(conn, run_id, stream_id)
+        if existing is not None:
+            if not existing.deleted and existing.same_fork(source_key, spec, content_type, lifetime):
+                return Created(existing, False, [])
+            raise ConfigConflict("the stream exists as another stream, or another fork")
+        if content_type is not None and media_type(content_type) != media_type(source.content_type):
+            raise ForkConflict(f"the source's content type is {source.content_type}")
+        through, prefix = _fork_point(source, spec, await _next_payload(conn, source, spec))
+        if await conn.fetchval(
+            "SELECT EXISTS (SELECT FROM wfs_records WHERE stream_key = $1 AND sequence <= $2 AND object IS NOT NULL)",
+            source.stream_key,
+            through + (1 if prefix else 0),
+        ):
+            raise InvalidInput("a stream with large objects cannot be forked", field="Stream-Forked-From")
+        fork_lifetime = lifetime if lifetime != Lifetime() else source.lifetime
+        _, created = await definitions.create_definition(conn, run_id, stream_id, pins, Trusted(principal.name))
+        if not created:
+            raise ConfigConflict("the stream was created meanwhile")
+        offset = spec.offset if spec.offset is not None else source.last_sequence
+        await conn.execute(
+            """INSERT INTO wfs_durable_streams (run_id, stream_id, content_type, ttl_seconds, expires_at,
+                   forked_from_run, forked_from_stream, fork_offset, fork_sub_offset)
+               VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)""",
+            run_id,
+            stream_id,
+            source.content_type,
+            fork_lifetime.ttl_seconds,
+            fork_lifetime.expires_at,
+            *source_key,
+            offset,
+            spec.sub_offset,
+        )
+        forked = await _fetch_existing(conn, run_id, stream_id)
+        await conn.execute(_COPY, forked.stream_key, source.stream_key, through)
+        last, cumulative = through, await _cumulative(conn, source, through)
+        if prefix:
+            last, cumulative = through + 1, cumulative + len(prefix)
+            await conn.execute(
+                """INSERT INTO wfs_records (stream_key, sequence, cumulative_bytes, appended_at, content_type,
+                       appended_by, payload)
+                   SELECT $1, $2, $3, r.appended_at, r.content_type, r.appended_by, $4
+                   FROM wfs_records r WHERE r.stream_key = $5 AND r.sequence = $2""",
+                forked.stream_key,
+                last,
+                cumulative,
+                prefix,
+                source.stream_key,
+            )
+        await conn.execute(
+            """UPDATE wfs_streams SET last_sequence = $2::bigint, appended_bytes = $3,
+                   earliest_sequence = least($4::bigint, $2::bigint + 1), pruned_bytes = $5,
+                   next_prune_at = CASE WHEN $2::bigint > 0 THEN now() END
+               WHERE stream_key = $1""",
+            forked.stream_key,
+            last,
+            cumulative,
+            source.earliest_sequence,
+            source.pruned_bytes,
+        )
+        await conn.execute(
+            "UPDATE wfs_durable_streams SET forks = forks + 1 WHERE run_id = $1 AND stream_id = $2", *source_key
+        )
+        signals: list[Signal] = []
+        if initial:
+            _, batch = await appends.append_locked(conn, run_id, stream_id, initial, principal)
+            signals += batch.signals()
+        if closed:
+            state = await definitions.close_stream(conn, run_id, stream_id, principal)
+            signals.append(Signal(RECORDS, run_id, stream_id, 0, state.last_sequence))
+        return Created(await _fetch_existing(conn, run_id, stream_id), True, signals)
+
+
+async def _next_payload(conn: asyncpg.Connection, source: Meta, spec: Fork) -> bytes | None:
+    """The payload of the record after the fork offset, which a binary sub-offset cuts."""
+    if not spec.sub_offset or spec.offset is None or is_json_mode(source.content_type):
+        return None
+    payload: bytes | None = await conn.fetchval(
+        "SELECT payload FROM wfs_records WHERE stream_key = $1 AND sequence = $2", source.stream_key, spec.offset + 1
+    )
+    return payload
+
+
+_SUB = "Stream-Fork-Sub-Offset"
+
+
+def _fork_point(source: Meta, spec: Fork, next_payload: bytes | None) -> tuple[int, bytes]:
+    """The last whole record the fork copies, and the bytes it takes of the next (binary sub-offset)."""
+    offset = source.last_sequence if spec.offset is None else spec.offset
+    if offset > source.last_sequence:
+        raise InvalidInput("Stream-Fork-Offset is beyond the source's tail", field="Stream-Fork-Offset")
+    if offset < source.earliest_sequence - 1:
+        raise InvalidInput("Stream-Fork-Offset is before what the source still holds", field="Stream-Fork-Offset")
+    if not spec.sub_offset:
+        return offset, b""
+    if is_json_mode(source.content_type):  # messages: whole records
+        if offset + spec.sub_offset > source.last_sequence:
+            raise InvalidInput(
+                "Stream-Fork-Sub-Offset counts more messages than follow the offset", field="Stream-Fork-Sub-Offset"
+            )
+        return offset + spec.sub_offset, b""
+    if next_payload is None:
+        raise InvalidInput(
+            "no record follows Stream-Fork-Offset for a sub-offset to cut", field="Stream-Fork-Sub-Offset"
+        )
+    if spec.sub_offset > len(next_payload):
+        raise InvalidInput("Stream-Fork-Sub-Offset is beyond the next record's bytes", field=_SUB)
+    if spec.sub_offset == len(next_payload):
+        return offset + 1, b""
+    return offset, next_payload[: spec.sub_offset]
+
+
+async def _cumulative(conn: asyncpg.Connection, source: Meta, through: int) -> int:
+    """The source's cumulative bytes through ``through`` (its pruned bytes when nothing is left there)."""
+    value: int | None = await conn.fetchval(
+        "SELECT cumulative_bytes FROM wfs_records WHERE stream_key = $1 AND sequence = $2", source.stream_key, through
+    )
+    return value if value is not None else source.pruned_bytes
 
 
 async def _fetch_existing(conn: asyncpg.Connection, run_id: str, stream_id: str) -> Meta:
@@ -357,7 +566,45 @@ async def _remember(conn: asyncpg.Connection, meta: Meta, plan: AppendPlan, acce
 async def delete(conn: asyncpg.Connection, meta: Meta) -> None:
     """Only streams created through the protocol: our own streams' definitions are not the protocol's
     to remove (their deletion goes through the operator). The caller checked ``close`` on ``meta``."""
-    await definitions.delete_stream(conn, meta.run_id, meta.stream_id, Trusted("durable-streams delete"))
+    await remove(conn, meta, Trusted("durable-streams delete"))
+
+
+async def remove(conn: asyncpg.Connection, meta: Meta, caller: Trusted) -> None:
+    """Delete the stream, or, while forks of it remain, only mark it deleted; deleting a fork frees its
+    source, which goes too if it was marked deleted and this was its last fork (and so on up the chain).
+    Refused, as any deletion, while a legal hold exists."""
+    async with db.transaction(conn):
+        # gone already (a concurrent sweep of the same expired stream): nothing to do
+        if await streams.find(conn, meta.run_id, meta.stream_id, lock=True) is None:
+            return
+        current = await fetch(conn, meta.run_id, meta.stream_id)
+        if current is None:
+            return
+        if current.forks:
+            await conn.execute(
+                """UPDATE wfs_durable_streams SET deleted_at = coalesce(deleted_at, clock_timestamp())
+                   WHERE run_id = $1 AND stream_id = $2""",
+                current.run_id,
+                current.stream_id,
+            )
+            return
+        await definitions.delete_stream(conn, current.run_id, current.stream_id, caller)
+        origin = current.origin
+        if origin is None:
+            return
+        if await streams.find(conn, origin.run_id, origin.stream_id, lock=True) is None:
+            return
+        source = await fetch(conn, origin.run_id, origin.stream_id)
+        if source is None:
+            return
+        left = await conn.fetchval(
+            """UPDATE wfs_durable_streams SET forks = greatest(forks - 1, 0)
+               WHERE run_id = $1 AND stream_id = $2 RETURNING forks""",
+            source.run_id,
+            source.stream_id,
+        )
+        if left == 0 and (source.deleted or source.expired):
+            await remove(conn, dataclasses.replace(source, forks=0), caller)
 
 
 async def sweep_expired(conn: asyncpg.Connection, limit: int = 20) -> int:
@@ -365,16 +612,16 @@ async def sweep_expired(conn: asyncpg.Connection, limit: int = 20) -> int:
     the others). Run opportunistically on create, so no worker is needed."""
     rows = await conn.fetch(
         """SELECT run_id, stream_id FROM wfs_durable_streams
-           WHERE (expires_at IS NOT NULL AND expires_at <= clock_timestamp())
-              OR (ttl_seconds IS NOT NULL AND accessed_at + make_interval(secs => ttl_seconds) <= clock_timestamp())
+           WHERE deleted_at IS NULL
+             AND ((expires_at IS NOT NULL AND expires_at <= clock_timestamp())
+                  OR (ttl_seconds IS NOT NULL
+                      AND accessed_at + make_interval(secs => ttl_seconds) <= clock_timestamp()))
            LIMIT $1""",
         limit,
     )
     removed = 0
     for row in rows:
-        try:
-            await definitions.delete_stream(conn, row["run_id"], row["stream_id"], EXPIRY)
+        meta = await fetch(conn, row["run_id"], row["stream_id"])
+        if meta is not None and await _delete_expired(conn, meta):
             removed += 1
-        except StreamHeld:
-            continue
     return removed

@@ -12,6 +12,7 @@ from ...domain.durable import (
     ContentTypeMismatch,
     DurableConflict,
     StaleProducerEpoch,
+    StreamGone,
     encode_offset,
 )
 from ...store.db import DB_UNAVAILABLE
@@ -26,6 +27,9 @@ CLOSED = "Stream-Closed"
 TTL = "Stream-TTL"
 EXPIRES_AT = "Stream-Expires-At"
 SEQ = "Stream-Seq"
+FORKED_FROM = "Stream-Forked-From"
+FORK_OFFSET = "Stream-Fork-Offset"
+FORK_SUB_OFFSET = "Stream-Fork-Sub-Offset"
 SSE_ENCODING = "Stream-SSE-Data-Encoding"
 PRODUCER_EPOCH = "Producer-Epoch"
 PRODUCER_SEQ = "Producer-Seq"
@@ -56,7 +60,8 @@ _EXPOSED = ", ".join(
 )
 _ALLOWED_HEADERS = (
     "Authorization, Content-Type, If-None-Match, Last-Event-ID, Stream-Seq, Stream-TTL, Stream-Expires-At, "
-    "Stream-Closed, Producer-Id, Producer-Epoch, Producer-Seq"
+    "Stream-Closed, Stream-Forked-From, Stream-Fork-Offset, Stream-Fork-Sub-Offset, Producer-Id, Producer-Epoch, "
+    "Producer-Seq"
 )
 _METHODS = "GET, HEAD, POST, PUT, DELETE, OPTIONS"
 
@@ -92,6 +97,8 @@ def error_response(exc: errors.StreamError) -> web.Response:
     may not see, is 404 (as the protocol's clients expect), never a hint that it exists."""
     if isinstance(exc, errors.StreamNotFound) or type(exc) is errors.Forbidden:
         return problem(404, errors.NotFound.code, "no such stream (or not visible to this caller)")
+    if isinstance(exc, StreamGone):
+        return problem(410, exc.code, exc.detail)
     if isinstance(exc, ClosedStream):
         return _with(
             problem(409, exc.code, exc.detail),

@@ -12,12 +12,14 @@ from ...domain.records import StoredRecord, is_json
 from ...runtime import reads as runtime_reads
 from ...store import durable as store
 from ...store import reads
+from ..common import compressible
 from ..state import AppState
 from . import headers as h
 
-# records per read; a byte stream's records are at most 64 KiB
-PAGE_RECORDS = 500
-# a page stops growing past this many bytes (it always holds at least one record)
+# Records per read, and the bytes a page stops growing past (it always holds at least one record). A
+# catch-up response holds the whole of a stream of ordinary size: the protocol's clients, asked for a
+# read that is not live, take the first response and stop (as the reference server answers at once).
+PAGE_RECORDS = 10_000
 PAGE_BYTES = 4 * 1024 * 1024
 
 
@@ -83,4 +85,4 @@ def page_response(
         headers[h.CLOSED] = "true"
     if rules.if_none_match(request.headers.get("If-None-Match"), tag):
         return web.Response(status=304, headers={k: v for k, v in headers.items() if k != "Content-Type"})
-    return web.Response(body=page_body(page, meta.content_type), headers=headers)
+    return compressible(web.Response(body=page_body(page, meta.content_type), headers=headers))

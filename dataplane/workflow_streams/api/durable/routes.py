@@ -13,7 +13,8 @@ from ... import metrics
 from ...domain import durable as rules
 from ...domain.authz import Action, Principal, may_see, require
 from ...domain.durable_pins import default_template, pins_for
-from ...domain.errors import Forbidden, InvalidInput, StreamClosed
+from ...domain.errors import Forbidden, InvalidInput, StreamClosed, StreamNotFound
+from ...domain.pins import StreamPins
 from ...domain.placement import check_egress
 from ...domain.records import RecordIn
 from ...runtime import group_commit
@@ -89,13 +90,21 @@ async def options(request: web.Request) -> web.Response:
 async def put(request: web.Request) -> web.Response:
     call = await _call(request)
     settings = call.app.settings
-    content_type = rules.check_content_type(request.headers.get("Content-Type") or rules.DEFAULT_CONTENT_TYPE)
+    fork = rules.parse_fork(
+        request.headers.get(h.FORKED_FROM),
+        request.headers.get(h.FORK_OFFSET),
+        request.headers.get(h.FORK_SUB_OFFSET),
+        settings.durable_prefix,
+    )
     lifetime = rules.parse_lifetime(request.headers.get(h.TTL), request.headers.get(h.EXPIRES_AT))
     closed = request.headers.get(h.CLOSED, "").lower() == "true"
     body = await read_body(request)
-    initial = _records(content_type, body, allow_empty=True) if body else []
     template = settings.durable_template or default_template(settings.region, settings.metadata_region)
     pins = pins_for(template, call.principal.name)
+    if fork is not None:
+        return await _fork(request, call, fork, pins, lifetime, closed, body)
+    content_type = rules.check_content_type(request.headers.get("Content-Type") or rules.DEFAULT_CONTENT_TYPE)
+    initial = _records(content_type, body, allow_empty=True) if body else []
     async with call.app.pool.acquire() as conn:
         await store.sweep_expired(conn)
         try:
@@ -107,6 +116,47 @@ async def put(request: web.Request) -> web.Response:
             if not may_see(existing.pins.authorization, call.principal):
                 return _not_visible()
             raise
+    return _created(request, call, created)
+
+
+async def _fork(
+    request: web.Request,
+    call: Call,
+    fork: rules.Fork,
+    pins: StreamPins,
+    lifetime: rules.Lifetime,
+    closed: bool,
+    body: bytes,
+) -> web.Response:
+    """PUT with ``Stream-Forked-From``: a new stream that starts as a copy of another's records."""
+    source_key = rules.stream_key(fork.source, call.app.settings.durable_run_id)
+    async with call.app.pool.acquire() as conn:
+        source = await store.fetch(conn, *source_key)
+    if source is None:
+        raise StreamNotFound("the fork's source does not exist")
+    _authorize(call, source, "read", request)  # a fork copies the source: who may not read it may not fork it
+    named = request.headers.get("Content-Type")
+    content_type = rules.check_content_type(named) if named else None
+    initial = _records(content_type or source.content_type, body, allow_empty=True) if body else []
+    async with call.app.pool.acquire() as conn:
+        created = await store.fork(
+            conn,
+            call.run_id,
+            call.stream_id,
+            source_key,
+            fork,
+            pins,
+            call.principal,
+            content_type,
+            lifetime,
+            closed,
+            initial,
+        )
+    return _created(request, call, created)
+
+
+def _created(request: web.Request, call: Call, created: store.Created) -> web.Response:
+    """201 for a stream made now, 200 for the same one found again (to who may see it)."""
     call.app.hub.publish(created.signals)  # committed
     meta = created.meta
     if not created.created and not may_see(meta.pins.authorization, call.principal):
@@ -127,6 +177,8 @@ async def head(request: web.Request) -> web.Response:
     headers = {
         **_stream_headers(meta),
         h.NEXT_OFFSET: rules.encode_offset(meta.last_sequence),
+        # the stream as it stands: its incarnation, tail and closed state
+        "ETag": rules.etag(meta.incarnation, meta.last_sequence, meta.last_sequence, meta.closed),
         "Cache-Control": h.NO_STORE,
     }
     if meta.closed:
