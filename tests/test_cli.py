@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import dataclasses
 import json
@@ -18,6 +19,7 @@ import yaml
 
 from tests.replica import Replica
 from tests.support import pins
+from workflow_streams.cli import build_parser
 from workflow_streams.localpg import free_port
 
 pytestmark = pytest.mark.slow
@@ -156,6 +158,20 @@ async def test_file_upload_and_deliveries(server: Replica, env: dict[str, str], 
     read = await acli("read", "run", "files", "--json", env=env)
     (record,) = json.loads(read.stdout)["records"]
     assert record["kind"] == "object" and record["object"]["size"] == 300_000 and "data" not in record
+    copy = tmp_path / "copy.bin"
+    downloaded = await acli("download", "run", "files", "1", "-o", str(copy), "--json", env=env)
+    assert downloaded.returncode == 0, downloaded.stderr
+    assert copy.read_bytes() == blob.read_bytes()
+    assert json.loads(downloaded.stdout)["sha256"] == record["object"]["sha256"]
+    piped = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "workflow_streams.cli", "download", "run", "files", "1"],
+        capture_output=True,
+        timeout=120,
+        env={**os.environ, **env},
+    )
+    assert piped.returncode == 0 and piped.stdout == blob.read_bytes(), "to stdout when it is not a terminal"
+    assert not await asyncio.to_thread(lambda: list(tmp_path.glob("*.part"))), "no partial file is left"
     other = tmp_path / "other.bin"
     other.write_bytes(os.urandom(400_000))
     status, _, terminal = await asyncio.to_thread(
@@ -199,6 +215,33 @@ async def test_permanent_errors_are_one_line_at_once(server: Replica, env: dict[
     assert "Traceback" not in held.stderr
 
 
+async def test_client_options_go_before_or_after_the_command(server: Replica, tmp_path: Path) -> None:
+    (tmp_path / "pins.json").write_text(json.dumps(pins()))
+    no_env = {"WFS_URL": "", "WFS_TOKEN": ""}
+    created = await acli(
+        "--url",
+        server.base,
+        "--token",
+        "tok-alice",
+        "create",
+        "run",
+        "o",
+        "--pins",
+        str(tmp_path / "pins.json"),
+        env=no_env,
+    )
+    assert created.returncode == 0, created.stderr
+    # the URL dev prints as the data plane, with the API's prefix
+    printed = f"{server.base}/api/workflow-streams"
+    after = await acli("ls", "run", "--url", printed, "--token", "tok-alice", "--json", env=no_env)
+    assert after.returncode == 0, after.stderr
+    assert [item["stream_id"] for item in json.loads(after.stdout)] == ["o"]
+    before = await acli("--json", "--url", printed + "/", "--token", "tok-alice", "get", "run", "o", env=no_env)
+    assert before.returncode == 0 and json.loads(before.stdout)["stream_id"] == "o", before.stderr
+    mixed = await acli("--url", server.base, "append", "run", "o", "1", "--token", "tok-alice", "--json", env=no_env)
+    assert json.loads(mixed.stdout)["sequences"] == [1], mixed.stderr
+
+
 async def test_transient_failures_are_retried_visibly(server: Replica, env: dict[str, str]) -> None:
     tight = pins(credit={"max_unread_items": 1, "max_unread_bytes": 10_000, "policy": "reject"})
     await acli("create", "run", "tight", "--pins", "-", env=env, stdin=json.dumps(tight))
@@ -235,6 +278,14 @@ def test_help_and_completion() -> None:
     assert serve.returncode == 0
     for setting in ("WFS_DATABASE_URL", "WFS_TOKENS", "WFS_S3_REGIONS", "WFS_WAIT_SERVICE_URL"):
         assert setting in serve.stdout
+    assert "WFS_DATABASE_URL                 Postgres DSN (required)" in serve.stdout
+    dev = " ".join(cli("dev", "--help").stdout.split())
+    assert "WFS_DATABASE_URL Postgres DSN (default: a throwaway cluster" in dev, "dev needs no database"
+    assert "required" not in dev
+    tail_help = " ".join(cli("tail", "--help").stdout.split())
+    assert "--after AFTER start after this sequence" in tail_help and "--quiet no progress bar" in tail_help
+    append_help = " ".join(cli("append", "--help").stdout.split())
+    assert "--content-type CONTENT_TYPE the uploaded file's content type" in append_help
     tail = cli("tail", "--help", env={"WFS_URL": "http://example.test:9"})
     assert "default: http://example.test:9" in " ".join(tail.stdout.split())
     top = cli("--help")
@@ -242,6 +293,16 @@ def test_help_and_completion() -> None:
     for shell in ("bash", "zsh"):
         script = cli("completion", shell)
         assert script.returncode == 0 and "workflow-streams" in script.stdout, script.stderr
+
+
+def test_every_command_and_option_is_described() -> None:
+    parser = build_parser()
+    (commands,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    assert set(commands.choices) >= {"dev", "serve", "migrate", "operator", "create", "tail", "download", "hold"}
+    for name, command in commands.choices.items():
+        assert command.description, f"{name} has no description"
+        for action in command._actions:
+            assert action.help, f"{name} {'/'.join(action.option_strings) or action.dest} has no help"
 
 
 def test_completion_completes_commands(tmp_path: Path) -> None:

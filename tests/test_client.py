@@ -21,7 +21,7 @@ from tests.controlplane import ControlPlane
 from tests.replica import Replica
 from tests.support import pins
 from tests.test_operator import apply, stream_manifest
-from workflow_streams.client import BackpressureError, CursorExpiredError, StreamsClient
+from workflow_streams.client import BackpressureError, CursorExpiredError, ProblemError, StreamsClient
 from workflow_streams.store.retention import prune_stream
 
 pytestmark = pytest.mark.slow
@@ -128,12 +128,24 @@ async def test_object_upload_from_a_file(database_url: str, tmp_path: Path, s3_r
             (record,) = (await client.read("run", "obj")).records
             assert record.kind == "object" and record.object is not None
             assert record.object["sha256"] == hashlib.sha256(data).hexdigest()
+            assert await client.read_object("run", "obj", sequence) == data
+            seen: list[tuple[int, int]] = []
+            copy = tmp_path / "copy.bin"
+            info = await client.save_object(
+                "run", "obj", sequence, copy, progress=lambda n, size: seen.append((n, size))
+            )
+            assert copy.read_bytes() == data and seen[-1] == (len(data), len(data))
+            assert (info.size, info.sha256) == (len(data), hashlib.sha256(data).hexdigest())
+            await client.append("run", "obj", {"inline": True})
+            with pytest.raises(ProblemError) as inline:
+                await client.read_object("run", "obj", sequence + 1)
+            assert (inline.value.status, inline.value.code) == (409, "not_an_object")
         env = {"WFS_URL": server.base, "WFS_TOKEN": "tok-alice"}
         other = tmp_path / "other.bin"
         other.write_bytes(b"x" * 300_000)
         uploaded = await asyncio.to_thread(cli, "append", "run", "obj", "--file", str(other), "--json", env=env)
         assert uploaded.returncode == 0, uploaded.stderr
-        assert json.loads(uploaded.stdout) == {"sequences": [2]}
+        assert json.loads(uploaded.stdout) == {"sequences": [3]}
     finally:
         server.stop()
 
@@ -212,3 +224,14 @@ def test_cli_hold_and_release(kube: ControlPlane, namespace: str) -> None:
     assert released.returncode == 0, released.stderr
     assert "deletion requested" in released.stdout
     assert kube.kubectl("get", "-n", namespace, "wfhold", "target-m-9", check=False).returncode != 0
+
+    # a stream that does not exist: said at once, and nothing is created
+    missing = cli(
+        "hold", "nosuch", "-n", namespace, "--matter", "M-11", "--reason", "r", "--requested-by", "l@x", env=env
+    )
+    assert missing.returncode == 1 and missing.stderr.count("\n") == 1, missing.stderr
+    assert missing.stderr.startswith("error: not_found: no WorkflowStream 'nosuch'"), missing.stderr
+    assert kube.kubectl("get", "-n", namespace, "wfhold", "nosuch-m-11", check=False).returncode != 0
+    gone = cli("release", "no-such-hold", "-n", namespace, env=env)
+    assert gone.returncode == 1 and gone.stderr.count("\n") == 1, gone.stderr
+    assert gone.stderr.startswith("error: not_found: no such hold: streamlegalhold 'no-such-hold'"), gone.stderr

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -135,6 +136,11 @@ def _file(name: str, env: Mapping[str, str]) -> str | None:
         return Path(path).read_text()
     except OSError as exc:
         raise SettingsError(name, f"{name}: cannot read {path}: {exc.strerror}") from None
+
+
+def redacted_dsn(dsn: str) -> str:
+    """A DSN as it may be printed: no user or password, no parameters (they may hold a password too)."""
+    return re.sub(r"//[^@/]*@", "//", dsn).split("?", 1)[0]
 
 
 def _pooler(text: str) -> Pooler:

@@ -23,7 +23,7 @@ import aiohttp
 import yaml
 from tqdm import tqdm
 
-from .client import StreamsClient
+from .client import PREFIX, StreamsClient
 from .errors import ProblemError
 from .kube import HoldPending, KubeClient
 from .models import Page, Record
@@ -39,92 +39,200 @@ class UsageError(Exception):
         self.code = code
 
 
+CLIENT_OPTIONS = ("url", "token", "json")
+
+
+def add_global_options(parser: argparse.ArgumentParser) -> None:
+    """The client options, accepted before the command (``workflow-streams --url X ls run-1``) and after it
+    (``workflow-streams ls run-1 --url X``). Unset, they are left out of the namespace (``SUPPRESS``) so
+    that one place does not overwrite the other; ``_resolve`` fills in the defaults."""
+    group = parser.add_argument_group("client options (before or after the command)")
+    group.add_argument(
+        "--url",
+        default=argparse.SUPPRESS,
+        help=f"the data plane, with or without {PREFIX} (default: {os.environ.get('WFS_URL') or DEFAULT_URL};"
+        f" from $WFS_URL, else {DEFAULT_URL})",
+    )
+    group.add_argument("--token", default=argparse.SUPPRESS, help="the bearer token (default: $WFS_TOKEN)")
+    group.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print JSON instead of text")
+
+
+def _resolve(args: argparse.Namespace) -> argparse.Namespace:
+    if not getattr(args, "url", None):
+        args.url = os.environ.get("WFS_URL") or DEFAULT_URL
+    if getattr(args, "token", None) is None:
+        args.token = os.environ.get("WFS_TOKEN", "")
+    args.json = bool(getattr(args, "json", False))
+    return args
+
+
 def add_commands(sub: Any) -> None:
     def client_args(parser: argparse.ArgumentParser, stream: bool = True) -> None:
-        parser.add_argument(
-            "--url",
-            default=os.environ.get("WFS_URL", DEFAULT_URL),
-            help=f"the data plane (default: %(default)s; from $WFS_URL, else {DEFAULT_URL})",
-        )
-        parser.add_argument("--token", default=os.environ.get("WFS_TOKEN", ""), help="default: $WFS_TOKEN")
-        parser.add_argument("--json", action="store_true", help="print JSON instead of text")
-        parser.add_argument("run_id")
+        add_global_options(parser)
+        parser.add_argument("run_id", help="the run")
         if stream:
-            parser.add_argument("stream_id")
+            parser.add_argument("stream_id", help="the stream, in the run")
 
-    def command(name: str, func: Callable[[argparse.Namespace], Coroutine[Any, Any, None]], **kw: Any) -> Any:
-        parser = sub.add_parser(name, **kw)
-        parser.set_defaults(func=lambda a: _run(func, a))
+    def command(
+        name: str, func: Callable[[argparse.Namespace], Coroutine[Any, Any, None]], help: str, description: str
+    ) -> Any:
+        parser = sub.add_parser(
+            name, help=help, description=description, formatter_class=argparse.RawDescriptionHelpFormatter
+        )
+        parser.set_defaults(func=lambda a: _run(func, _resolve(a)))
         return parser
 
-    create = command("create", _create, help="define a stream from a pins file (idempotent for the same pins)")
+    create = command(
+        "create",
+        _create,
+        "define a stream from a pins file (idempotent for the same pins)",
+        "Define a stream: POST /runs/{run}/streams with the pins of a JSON or YAML file (or a whole create\n"
+        "body). The same pins again answer the existing definition; other pins are 409 pins_conflict.",
+    )
     client_args(create)
     create.add_argument("--pins", required=True, type=Path, help="JSON or YAML pins, or '-' for stdin")
 
-    get = command("get", _get, help="a stream's definition and state")
+    get = command(
+        "get", _get, "a stream's definition and state", "A stream's definition (pins, digest, creator) and state."
+    )
     client_args(get)
 
-    ls = command("ls", _ls, help="a run's streams")
+    ls = command(
+        "ls",
+        _ls,
+        "a run's streams",
+        "The run's streams this token may see, in stream id order (all pages), with direction, content\n"
+        "class, latest sequence and whether each is closed.",
+    )
     client_args(ls, stream=False)
 
-    read = command("read", _read, help="one range of records as JSON lines (no following)")
+    read = command(
+        "read",
+        _read,
+        "one range of records as JSON lines (no following)",
+        "One range of records, one JSON object per line as the HTTP API shows them (with --json: the page).",
+    )
     client_args(read)
     where = read.add_mutually_exclusive_group()
     where.add_argument("--after", type=int, default=0, help="records after this sequence (default 0)")
     where.add_argument("--last", type=int, metavar="N", help="the last N records")
     read.add_argument("--limit", type=int, default=100, help="at most this many records (1-1000, default 100)")
 
-    tail = command("tail", _tail, help="print records as JSON lines: catch up, then follow")
+    tail = command(
+        "tail",
+        _tail,
+        "print records as JSON lines: catch up, then follow",
+        "Print every record after --after as a JSON line (a progress bar on a terminal while catching up),\n"
+        "then follow the stream (Server-Sent Events, resumed after drops) until it is closed or --count.",
+    )
     client_args(tail)
-    tail.add_argument("--after", type=int, default=0)
+    tail.add_argument("--after", type=int, default=0, help="start after this sequence (default 0: from the start)")
     tail.add_argument("--count", type=int, help="exit after this many records")
     tail.add_argument("--quiet", action="store_true", help="no progress bar")
 
-    append = command("append", _append, help="append JSON values, or upload a file as an object record")
+    append = command(
+        "append",
+        _append,
+        "append JSON values, or upload a file as an object record",
+        "Append JSON values, one record each, all or nothing; or upload a file (--file) through the objects\n"
+        "API (prepare, upload with a progress bar, commit) as one object record. Backpressure is retried.",
+    )
     client_args(append)
     append.add_argument("data", nargs="*", help="JSON values, one record each (a string is '\"quoted\"')")
     append.add_argument("--file", type=Path, help="upload this file (objects API) instead")
-    append.add_argument("--content-type", default="application/octet-stream")
-    append.add_argument("--key", help="idempotency key")
-    append.add_argument("--quiet", action="store_true")
+    append.add_argument(
+        "--content-type",
+        default="application/octet-stream",
+        help="the uploaded file's content type (--file; default application/octet-stream)",
+    )
+    append.add_argument("--key", help="idempotency key (default: one per request; --file: from name and digest)")
+    append.add_argument("--quiet", action="store_true", help="no progress bar (--file)")
     append.add_argument("--max-wait", type=float, default=60.0, help="retry backpressure this long (default 60 s)")
 
-    ack = command("ack", _ack, help="acknowledge through a sequence")
-    client_args(ack)
-    ack.add_argument("consumer_id")
-    ack.add_argument("sequence", type=int)
+    download = command(
+        "download",
+        _download,
+        "write an object record's bytes to a file or stdout",
+        "Download the bytes of the object record at SEQUENCE (read right and client egress as for reads),\n"
+        "checked against the record's sha256. A progress bar on a terminal.",
+    )
+    client_args(download)
+    download.add_argument("sequence", type=int, help="the object record's sequence")
+    download.add_argument(
+        "--output", "-o", help="write here ('-': stdout; default: stdout unless it is a terminal)", metavar="FILE"
+    )
+    download.add_argument("--quiet", action="store_true", help="no progress bar")
 
-    close = command("close", _close, help="close a stream: no more appends, reads still work")
+    ack = command(
+        "ack",
+        _ack,
+        "acknowledge through a sequence",
+        "Acknowledge every record through SEQUENCE for CONSUMER_ID; acks only advance and return credit.",
+    )
+    client_args(ack)
+    ack.add_argument("consumer_id", help="the consumer; it belongs to the first stream it acknowledged")
+    ack.add_argument("sequence", type=int, help="the last sequence read")
+
+    close = command(
+        "close",
+        _close,
+        "close a stream: no more appends, reads still work",
+        "Close a stream: appends are refused (409 stream_closed), reads and subscriptions drain it.",
+    )
     client_args(close)
 
-    deliveries = command("deliveries", _deliveries, help="an input stream's deliveries to the wait service")
+    deliveries = command(
+        "deliveries",
+        _deliveries,
+        "an input stream's deliveries to the wait service",
+        "An input stream's delivery to the wait service: counts by state, failed rows, the next due.",
+    )
     client_args(deliveries)
 
-    requeue = command("requeue", _requeue, help="retry an input stream's failed deliveries")
+    requeue = command(
+        "requeue",
+        _requeue,
+        "retry an input stream's failed deliveries",
+        "Retry an input stream's failed deliveries, in order (once the wait service is fixed).",
+    )
     client_args(requeue)
 
-    hold = sub.add_parser("hold", help="place a legal hold: creates a StreamLegalHold (Kubernetes API)")
+    hold = sub.add_parser(
+        "hold",
+        help="place a legal hold: creates a StreamLegalHold (Kubernetes API)",
+        description="Place a legal hold on a WorkflowStream: creates a StreamLegalHold through the Kubernetes\n"
+        "API (KUBECONFIG) and waits until the operator reports it applied (its Applied condition).",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     hold.add_argument("stream", help="the WorkflowStream's name")
-    hold.add_argument("--namespace", "-n")
-    hold.add_argument("--matter", required=True)
-    hold.add_argument("--reason", required=True)
-    hold.add_argument("--requested-by", required=True)
+    hold.add_argument("--namespace", "-n", help="the WorkflowStream's namespace (default: the kubeconfig's)")
+    hold.add_argument("--matter", required=True, help="the legal matter's id")
+    hold.add_argument("--reason", required=True, help="why the stream is held")
+    hold.add_argument("--requested-by", required=True, help="who asked for the hold")
     hold.add_argument("--name", help="the hold's name (default: <stream>-<matter>)")
     _wait_args(hold, "until the operator reports the hold applied")
     hold.set_defaults(func=lambda a: _run(_hold, a))
 
-    release = sub.add_parser("release", help="release a legal hold: deletes the StreamLegalHold")
-    release.add_argument("name")
-    release.add_argument("--namespace", "-n")
+    release = sub.add_parser(
+        "release",
+        help="release a legal hold: deletes the StreamLegalHold",
+        description="Release a legal hold: deletes the StreamLegalHold and waits until the operator has\n"
+        "released the hold and the object is gone.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    release.add_argument("name", help="the StreamLegalHold's name")
+    release.add_argument("--namespace", "-n", help="its namespace (default: the kubeconfig's)")
     _wait_args(release, "until the operator has released the hold and the object is gone")
     release.set_defaults(func=lambda a: _run(_release, a))
 
     completion = sub.add_parser(
         "completion",
         help="print a shell completion script",
-        description='bash: eval "$(workflow-streams completion bash)"; zsh: the same in ~/.zshrc',
+        description='Print a shell completion script. bash: eval "$(workflow-streams completion bash)"; zsh: the\n'
+        "same in ~/.zshrc.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    completion.add_argument("shell", choices=["bash", "zsh"])
+    completion.add_argument("shell", choices=["bash", "zsh"], help="the shell")
     completion.set_defaults(func=_completion)
 
 
@@ -133,7 +241,7 @@ def _run(command: Callable[[argparse.Namespace], Coroutine[Any, Any, None]], arg
     try:
         asyncio.run(command(args))
     except KeyboardInterrupt:
-        return 130
+        return _fail("interrupted: stopped by Ctrl-C", status=130)
     except ProblemError as exc:
         return _fail(str(exc))
     except UsageError as exc:
@@ -144,6 +252,8 @@ def _run(command: Callable[[argparse.Namespace], Coroutine[Any, Any, None]], arg
         return _fail(f"unreachable: {getattr(args, 'url', '?')}: {exc or type(exc).__name__}")
     except PermissionError as exc:  # a refusal by the Kubernetes API server
         return _fail(f"forbidden: {exc}")
+    except LookupError as exc:  # the Kubernetes API server has no such object
+        return _fail(f"not_found: {exc}")
     except HoldPending as exc:  # hold/release: requested, but the operator has not reported it done
         return _fail(f"pending: {exc}")
     except FileNotFoundError as exc:
@@ -153,9 +263,9 @@ def _run(command: Callable[[argparse.Namespace], Coroutine[Any, Any, None]], arg
     return 0
 
 
-def _fail(message: str) -> int:
+def _fail(message: str, status: int = 1) -> int:
     print(f"error: {' '.join(message.split())}", file=sys.stderr, flush=True)
-    return 1
+    return status
 
 
 def _client(args: argparse.Namespace, max_wait: float = 60.0) -> StreamsClient:
@@ -191,7 +301,11 @@ def _progress_disabled(args: argparse.Namespace) -> bool | None:
 
 
 def _load_pins(path: Path) -> dict[str, Any]:
-    text = sys.stdin.read() if str(path) == "-" else path.read_text()
+    raw = sys.stdin.buffer.read() if str(path) == "-" else path.read_bytes()
+    try:
+        text = raw.decode()
+    except UnicodeDecodeError:
+        raise UsageError("invalid_pins_file", f"{path} is not a text file of JSON or YAML pins") from None
     try:
         pins = yaml.safe_load(text)  # YAML is a superset of JSON
     except yaml.YAMLError as exc:
@@ -352,6 +466,35 @@ async def _append(args: argparse.Namespace) -> None:
     _emit(args, {"sequences": sequences, "replayed": result.replayed}, text)
 
 
+async def _download(args: argparse.Namespace) -> None:
+    to_stdout = args.output in (None, "-")
+    if args.output is None and sys.stdout.isatty():
+        raise UsageError("invalid_argument", "the object's bytes would go to a terminal: give --output FILE (or '-')")
+    async with _client(args) as client:
+        with tqdm(unit="B", unit_scale=True, desc="download", disable=_progress_disabled(args), file=sys.stderr) as bar:
+
+            def received(done: int, size: int) -> None:
+                bar.total = size
+                bar.update(done - bar.n)
+
+            if to_stdout:
+                info = await client.download_object(
+                    args.run_id, args.stream_id, args.sequence, sys.stdout.buffer.write, progress=received
+                )
+                sys.stdout.buffer.flush()
+            else:
+                info = await client.save_object(
+                    args.run_id, args.stream_id, args.sequence, Path(args.output), progress=received
+                )
+    if not to_stdout:
+        text = f"wrote {args.output} ({info.size} bytes, {info.content_type}, sha256 {info.sha256})"
+        _emit(
+            args,
+            {"path": args.output, "size": info.size, "content_type": info.content_type, "sha256": info.sha256},
+            text,
+        )
+
+
 async def _ack(args: argparse.Namespace) -> None:
     async with _client(args) as client:
         body = await client.ack(args.run_id, args.stream_id, args.consumer_id, args.sequence)
@@ -403,6 +546,13 @@ async def _hold(args: argparse.Namespace) -> None:
     kube = KubeClient()
     namespace = args.namespace or kube.namespace
     name = args.name or f"{args.stream}-{args.matter}".lower()
+    # a hold on a stream that does not exist would only wait for an operator that cannot apply it; a
+    # principal that may not read WorkflowStreams (the legal-hold role) skips the check
+    if await kube.stream_exists(namespace, args.stream) is False:
+        raise LookupError(
+            f"no WorkflowStream {args.stream!r} in namespace {namespace} (kubectl get wfs -n {namespace});"
+            " no hold was created"
+        )
     await kube.create_hold(namespace, name, args.stream, args.matter, args.reason, args.requested_by)
     if args.no_wait:
         print(
@@ -417,7 +567,12 @@ async def _hold(args: argparse.Namespace) -> None:
 async def _release(args: argparse.Namespace) -> None:
     kube = KubeClient()
     namespace = args.namespace or kube.namespace
-    await kube.delete_hold(namespace, args.name)
+    try:
+        await kube.delete_hold(namespace, args.name)
+    except LookupError:
+        raise LookupError(
+            f"no such hold: streamlegalhold {args.name!r} in namespace {namespace} (kubectl get wfhold -n {namespace})"
+        ) from None
     if args.no_wait:
         print(
             f"streamlegalhold.workflowstreams.dev/{args.name} deletion requested: the stream stays held until the "

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import hashlib
+import io
 import json
 import logging
+import re
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -14,8 +18,8 @@ from typing import Any
 
 import aiohttp
 
-from .errors import BackpressureError, ProblemError, problem_error
-from .models import AppendResult, Page, Record
+from .errors import BackpressureError, ObjectDigestMismatch, ProblemError, problem_error
+from .models import AppendResult, ObjectInfo, Page, Record
 from .sse import Event, iter_events
 
 log = logging.getLogger(__name__)
@@ -64,7 +68,8 @@ class StreamsClient:
         connect_wait: float | None = None,
         retry_wait: RetryWait | None = None,
     ) -> None:
-        self.base_url = base_url.rstrip("/")
+        # the URL dev prints as the data plane ends in the API prefix; the prefix is added per request
+        self.base_url = base_url.rstrip("/").removesuffix(PREFIX)
         self._headers = {"Authorization": f"Bearer {token}"}
         self._session = session
         self._own_session = session is None
@@ -325,6 +330,119 @@ class StreamsClient:
             )
             return int(committed["sequence"])
         return int(intent["committed_sequence"])
+
+    async def read_object(self, run_id: str, stream_id: str, sequence: int) -> bytes:
+        """The bytes of the object record at ``sequence``, checked against its sha256 (objects are at most
+        32 MiB; ``save_object`` streams to a file instead)."""
+        buffer = io.BytesIO()
+        await self.download_object(run_id, stream_id, sequence, buffer.write)
+        return buffer.getvalue()
+
+    async def save_object(
+        self,
+        run_id: str,
+        stream_id: str,
+        sequence: int,
+        path: Path,
+        *,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> ObjectInfo:
+        """Write the object record's bytes to ``path``: streamed to ``<path>.part``, renamed once complete
+        and checked, so ``path`` never holds a partial or wrong object."""
+        partial = path.with_name(path.name + ".part")
+        try:
+            with partial.open("wb") as f:
+                info = await self.download_object(run_id, stream_id, sequence, f.write, progress=progress)
+            partial.replace(path)
+        finally:
+            partial.unlink(missing_ok=True)
+        return info
+
+    async def download_object(
+        self,
+        run_id: str,
+        stream_id: str,
+        sequence: int,
+        write: Callable[[bytes], object],
+        *,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> ObjectInfo:
+        """Stream the object record's bytes to ``write`` as they arrive. A dropped connection resumes where
+        it stopped (a Range request), so nothing is written twice; the whole is checked against the size
+        and sha256 the server names (``Repr-Digest``), and a mismatch raises ObjectDigestMismatch.
+        ``progress`` is called with (bytes so far, size)."""
+        url = self._url(run_id, stream_id, f"/records/{sequence}/object")
+        loop = asyncio.get_running_loop()
+        started, delay = loop.time(), 0.1
+        digest, received = hashlib.sha256(), 0
+        info: ObjectInfo | None = None
+        while True:
+            headers = {**self._headers, **({"Range": f"bytes={received}-"} if received else {})}
+            timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=60)
+            try:
+                async with self.session.get(url, headers=headers, timeout=timeout) as resp:
+                    if resp.status >= 400:
+                        body = await _problem_body(resp)
+                        if not is_transient(resp.status, body) or loop.time() + delay > started + self.max_wait:
+                            raise problem_error(resp.status, body)
+                        await self._retry_wait(delay, f"GET {url}: {resp.status} {body.get('code', '')}".strip())
+                        delay = min(delay * 2, 5.0)
+                        continue
+                    if info is None:
+                        info = _object_info(resp)
+                    skip = received if resp.status == 200 else 0  # a server that ignored the Range
+                    async for chunk in resp.content.iter_chunked(256 * 1024):
+                        if skip:
+                            chunk, skip = chunk[skip:], max(0, skip - len(chunk))
+                            if not chunk:
+                                continue
+                        digest.update(chunk)
+                        write(chunk)
+                        received += len(chunk)
+                        if progress is not None:
+                            progress(received, info.size)
+                    if received < info.size:
+                        raise aiohttp.ClientPayloadError(f"the response ended at byte {received} of {info.size}")
+            except _RETRYABLE as exc:
+                limit = self.connect_wait if isinstance(exc, aiohttp.ClientConnectorError) else self.max_wait
+                if loop.time() + delay > started + limit:
+                    raise
+                await self._retry_wait(delay, f"GET {url}: {exc or type(exc).__name__}; resuming at byte {received}")
+                delay = min(delay * 2, 5.0)
+                continue
+            assert info is not None
+            if received != info.size or digest.hexdigest() != info.sha256:
+                raise ObjectDigestMismatch(
+                    f"received {received} bytes with sha256 {digest.hexdigest()}; the record names "
+                    f"{info.size} bytes with sha256 {info.sha256}"
+                )
+            return info
+
+
+_REPR_DIGEST = re.compile(r"sha-256=:([A-Za-z0-9+/=]+):")
+
+
+def _object_info(resp: aiohttp.ClientResponse) -> ObjectInfo:
+    """Size and digest of the whole object, from a 200 or a 206 (Content-Range's ``/size``)."""
+    content_range = resp.headers.get("Content-Range", "")
+    size = int(content_range.rpartition("/")[2]) if resp.status == 206 else int(resp.headers["Content-Length"])
+    found = _REPR_DIGEST.search(resp.headers.get("Repr-Digest", ""))
+    try:
+        sha256 = base64.b64decode(found[1], validate=True).hex() if found else ""
+    except binascii.Error:
+        sha256 = ""
+    if not sha256:
+        raise ObjectDigestMismatch("the server named no sha-256 Repr-Digest for the object; nothing to check against")
+    return ObjectInfo(resp.headers.get("Content-Type", "application/octet-stream"), size, sha256)
+
+
+async def _problem_body(resp: aiohttp.ClientResponse) -> dict[str, Any]:
+    text = await resp.text(errors="replace")
+    try:
+        body = json.loads(text) if text else {}
+    except json.JSONDecodeError:
+        body = {"detail": (text.strip().splitlines() or [""])[0][:200]}
+    return body if isinstance(body, dict) else {"detail": str(body)[:200]}
 
 
 def _sha256_of(path: Path, chunk_size: int) -> tuple[str, int]:

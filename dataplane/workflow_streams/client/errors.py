@@ -38,6 +38,17 @@ class StreamClosedError(ProblemError):
     pass
 
 
+class ObjectDigestMismatch(ProblemError):
+    """The bytes downloaded are not the object the server named (size or sha256): nothing is kept."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(0, {"code": "object_digest_mismatch", "detail": detail})
+        self.args = (f"{self.code}: {detail}",)
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
 def problem_error(status: int, body: dict[str, Any], retry_after: float = 1.0) -> ProblemError:
     code = body.get("code")
     if code == "cursor_expired":

@@ -15,6 +15,7 @@ import aiohttp
 import yaml
 
 HOLDS = "/apis/workflowstreams.dev/v1alpha1/namespaces/{namespace}/streamlegalholds"
+STREAMS = "/apis/workflowstreams.dev/v1alpha1/namespaces/{namespace}/workflowstreams"
 
 
 class HoldPending(Exception):
@@ -56,11 +57,21 @@ class KubeClient:
             session.request(method, self.server + path, json=body, headers=self.headers) as resp,
         ):
             answer: dict[str, Any] = await resp.json(content_type=None)
-            if resp.status == 404 and method == "GET":
+            if resp.status == 404:
                 raise LookupError(answer.get("message", "not found"))
             if resp.status >= 400:
                 raise PermissionError(f"{resp.status}: {answer.get('message', answer)}")
             return answer
+
+    async def stream_exists(self, namespace: str, name: str) -> bool | None:
+        """Whether the WorkflowStream exists; None when this principal may not read WorkflowStreams."""
+        try:
+            await self.request("GET", STREAMS.format(namespace=namespace) + f"/{name}")
+        except LookupError:
+            return False
+        except PermissionError:
+            return None
+        return True
 
     async def create_hold(
         self, namespace: str, name: str, stream: str, matter: str, reason: str, requested_by: str
@@ -94,6 +105,8 @@ class KubeClient:
                 return applied
             if time.monotonic() >= deadline:
                 seen = f"its Applied condition says: {applied.get('message')}" if applied else "it has no status yet"
+                if said := _operator_says(hold):
+                    seen += f"; the operator says: {said}"
                 raise HoldPending(
                     f"streamlegalhold.workflowstreams.dev/{name} was created, but within {seconds:g}s the operator "
                     f"did not report the hold applied ({seen}); the stream may not be held yet. Is the operator "
@@ -116,3 +129,11 @@ class KubeClient:
                     f"running? See kubectl describe streamlegalhold {name} -n {namespace}"
                 )
             await asyncio.sleep(poll)
+
+
+def _operator_says(resource: dict[str, Any]) -> str:
+    """The last message of the operator's handlers (Kopf keeps each handler's progress in the status),
+    e.g. why a hold is not applied yet."""
+    progress = resource.get("status", {}).get("kopf", {}).get("progress", {})
+    messages = [str(p["message"]) for p in progress.values() if isinstance(p, dict) and p.get("message")]
+    return "; ".join(messages)

@@ -72,3 +72,12 @@ class Page:
     earliest: int
     latest: int
     closed: bool
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    """What a download of an object record got: its content type, size and SHA-256 (hex), checked."""
+
+    content_type: str
+    size: int
+    sha256: str
