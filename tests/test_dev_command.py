@@ -98,6 +98,47 @@ async def test_dev_is_the_whole_product(tmp_path: Path) -> None:
     assert data_dir and not Path(data_dir[1]).exists(), "the throwaway Postgres is removed on exit"
 
 
+async def test_objects_say_minio_is_being_built_then_turn_on(tmp_path: Path) -> None:
+    """A first run: MinIO still builds in the background. Uploads say so (not "no object store
+    configured"), and objects turn on by themselves once the binary is there."""
+    binary = minio_binary()
+    if binary is None:
+        pytest.fail("MinIO is not built: scripts/bootstrap builds it")
+    cache = tmp_path / "fresh-cache"  # a fresh machine's tool cache: no MinIO in it yet
+    build_log = tmp_path / "minio-build.log"
+    dev = DevProcess(tmp_path, WFS_CACHE=str(cache), WFS_DEV_MINIO_BUILD_LOG=str(build_log))
+    try:
+        await asyncio.to_thread(dev.wait_ready)
+        assert "waiting for MinIO's one-time build" in dev.output()
+        headers = {"Authorization": "Bearer dev-secret"}
+        data = os.urandom(100_000)
+        prepare = {"idempotency_key": "k", "sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
+        stream = f"{dev.base}/runs/r/streams/files"
+        async with aiohttp.ClientSession() as session:
+            create = {"stream_id": "files", "pins": dev_pins()}
+            async with session.post(f"{dev.base}/runs/r/streams", json=create, headers=headers) as resp:
+                assert resp.status == 201, await resp.text()
+            async with session.post(f"{stream}/objects/prepare", json=prepare, headers=headers) as resp:
+                body = await resp.json(content_type=None)
+            assert resp.status == 421 and body["code"] == "object_region_unavailable", body
+            assert "MinIO is still being built" in body["detail"] and str(build_log) in body["detail"], body
+
+            (cache / "bin").mkdir(parents=True)
+            (cache / "bin" / "minio").symlink_to(binary)  # the background build is done
+
+            async def prepared() -> bool:
+                try:
+                    async with session.post(f"{stream}/objects/prepare", json=prepare, headers=headers) as resp:
+                        return resp.status == 201
+                except aiohttp.ClientConnectionError:  # the data plane restarts with its object store
+                    return False
+
+            await eventually(prepared, within=60, interval=0.2, message="objects never turned on")
+        dev.wait_for_output(r"objects: ready, MinIO at http://127\.0\.0\.1:\d+")
+    finally:
+        assert dev.stop() == 0
+
+
 async def test_wfs_settings_override_dev_defaults(tmp_path: Path) -> None:
     wait = WaitService()
     await wait.start()
@@ -228,5 +269,9 @@ async def test_dev_kube_runs_the_operator_and_holds(tmp_path: Path) -> None:
                 session, f"{dev.base}/runs/run-k/streams/answers", headers, lambda b: b["state"]["legal_hold"]
             )
         assert body["state"]["legal_holds"], body
+        operator_log = dev.data_dir / "operator.log"
+        assert f"the operator (its log: {operator_log}, kept after exit)" in dev.output(), "dev names the log"
     finally:
         dev.stop()
+    assert operator_log.read_text().strip(), "the operator's log outlives dev"
+    assert f"the operator's log is kept in {operator_log}" in dev.output()

@@ -32,17 +32,19 @@ from aiohttp.abc import AbstractAccessLogger
 from aiohttp.web_request import BaseRequest
 from aiohttp.web_response import StreamResponse
 
-from .config import Settings
+from .config import Settings, redacted_dsn
 from .domain.authz import Principal
 from .local import cache_dir
 from .local.minio import MinioServer, minio_binary
 from .local.process import Process, workflow_streams
 from .localpg import LocalPostgres, find_bindir
+from .store.db import DB_UNAVAILABLE
 from .store.migrate import apply_migrations
 
 log = logging.getLogger("workflow_streams.dev")
 WAIT_SERVICE_PATH = "/dev/wait-service"
 BUCKET = "wfs-dev"
+OPERATOR_LOG = "operator.log"
 
 
 class DevError(Exception):
@@ -106,7 +108,7 @@ def _run(options: DevOptions, env: Mapping[str, str]) -> int:
             "WFS_WAIT_SERVICE_URL": f"http://127.0.0.1:{port}{WAIT_SERVICE_PATH}",
         }
         if env.get("WFS_DATABASE_URL"):
-            parts.postgres = f"{env['WFS_DATABASE_URL']} (from WFS_DATABASE_URL)"
+            parts.postgres = f"{redacted_dsn(env['WFS_DATABASE_URL'])} (from WFS_DATABASE_URL)"
         else:
             bindir = find_bindir()
             assert bindir is not None
@@ -143,8 +145,17 @@ def _run(options: DevOptions, env: Mapping[str, str]) -> int:
         if options.region:
             merged["WFS_REGION"] = options.region
         settings = Settings.from_env(merged)
-        settings = dataclasses.replace(settings, tokens={**settings.tokens, token: Principal("dev")})
-        asyncio.run(apply_migrations(settings.database_url, connecting=settings.connecting))
+        settings = dataclasses.replace(
+            settings,
+            tokens={**settings.tokens, token: Principal("dev")},
+            objects_pending=objects_pending(env) if parts.minio_pending else None,
+        )
+        try:
+            asyncio.run(apply_migrations(settings.database_url, connecting=settings.connecting))
+        except DB_UNAVAILABLE as exc:
+            raise DevError(
+                "database_unavailable", f"cannot reach Postgres at {parts.postgres}: {type(exc).__name__}: {exc}"
+            ) from None
         if settings.wait_service_url == defaults["WFS_WAIT_SERVICE_URL"]:
             parts.delivery = "input records go to the built-in wait service, which logs each one"
         elif settings.wait_service_url:
@@ -154,12 +165,23 @@ def _run(options: DevOptions, env: Mapping[str, str]) -> int:
         kube: Any = None
         if options.kube:
             kube = start_kube(run_dir, data_dir, stack)
-            parts.kube = f"export KUBECONFIG={data_dir / 'kubeconfig'} (etcd + kube-apiserver + the operator)"
+            parts.kube = f"etcd + kube-apiserver + the operator (its log: {data_dir / OPERATOR_LOG}, kept after exit)"
         else:
             parts.kube = "off (--kube runs etcd + kube-apiserver + the operator)"
-        server = DevServer(settings, parts, run_dir, kube, merged)
+        server = DevServer(settings, parts, run_dir, data_dir, kube, merged)
         asyncio.run(server.serve(token, token_source))
     return 0
+
+
+def objects_pending(env: Mapping[str, str]) -> str:
+    """Why dev has no object store yet: the 421's detail, so an upload says what to wait for."""
+    building = env.get("WFS_DEV_MINIO_BUILD_LOG")
+    if building:
+        return (
+            "workflow-streams dev has no object store yet: MinIO is still being built (once, up to ten minutes on"
+            f" two cores; progress: tail -f {building}); objects turn on by themselves when it is done"
+        )
+    return "workflow-streams dev found no MinIO: scripts/bootstrap minio builds it, then restart dev"
 
 
 def check_port_free(host: str, port: int) -> None:
@@ -223,8 +245,12 @@ class Parts:
 
 
 class DevServer:
-    def __init__(self, settings: Settings, parts: Parts, run_dir: Path, kube: Any, env: dict[str, str]) -> None:
+    def __init__(
+        self, settings: Settings, parts: Parts, run_dir: Path, data_dir: Path, kube: Any, env: dict[str, str]
+    ) -> None:
         self.settings, self.parts, self.run_dir, self.kube, self.env = settings, parts, run_dir, kube, env
+        self.operator_log = data_dir / OPERATOR_LOG
+        self.kubeconfig = data_dir / "kubeconfig"
         self.operator: Process | None = None
         self._late_minio: MinioServer | None = None
 
@@ -249,7 +275,10 @@ class DevServer:
         ]:
             print(f"  {name:<11}{text}", flush=True)
         print(f"dev token (principal 'dev'): {token} ({token_source})")
-        print(f"  export WFS_URL=http://127.0.0.1:{s.port} WFS_TOKEN={token}", flush=True)
+        print("in your shell, for the CLI and the Python client (the README's examples):")
+        for line in self.shell_lines(token):
+            print(f"  {line}")
+        sys.stdout.flush()
         stopping = asyncio.create_task(stop.wait())
         minio_built = asyncio.create_task(_wait_for_minio()) if self.parts.minio_pending else None
         try:
@@ -267,6 +296,20 @@ class DevServer:
             self.stop_operator()
             if self._late_minio is not None:
                 self._late_minio.stop()
+            if self.operator is not None:
+                print(f"workflow-streams dev: stopped; the operator's log is kept in {self.operator_log}", flush=True)
+
+    def shell_lines(self, token: str) -> list[str]:
+        """What a user's shell needs: where the data plane is and the token; where this checkout's CLI and
+        Python client are (dev runs from its environment, which no shell has on its PATH yet); the
+        kubeconfig with --kube."""
+        lines = [f"export WFS_URL=http://127.0.0.1:{self.settings.port} WFS_TOKEN={token}"]
+        scripts = Path(sys.executable).parent
+        if (scripts / "workflow-streams").exists():
+            lines.append(f'export PATH="{scripts}:$PATH"   # workflow-streams and python3 with the client')
+        if self.kube is not None:
+            lines.append(f"export KUBECONFIG={self.kubeconfig}")
+        return lines
 
     async def start_app(self) -> web.AppRunner:
         from .api.app import create_app
@@ -292,7 +335,9 @@ class DevServer:
         regions = json.dumps({region: minio.region_config(BUCKET)})
         self.env["WFS_S3_REGIONS"] = regions
         self.settings = dataclasses.replace(
-            self.settings, s3_regions=Settings.from_env({**self.env, "WFS_S3_REGIONS": regions}).s3_regions
+            self.settings,
+            s3_regions=Settings.from_env({**self.env, "WFS_S3_REGIONS": regions}).s3_regions,
+            objects_pending=None,
         )
         await runner.cleanup()
         runner = await self.start_app()
@@ -306,8 +351,14 @@ class DevServer:
         if self.kube is None:
             return
         env = {**os.environ, **self.env, "KUBECONFIG": str(self.kube.kubeconfig), "WFS_OPERATOR_METRICS_PORT": "0"}
+        # in the data directory, not the throwaway one: why a hold or a stream was not applied is in it,
+        # also after dev has stopped; a new dev starts it afresh, a restart within one dev appends
         self.operator = Process(
-            workflow_streams("operator"), log=self.run_dir / "operator.log", env=env, name="operator"
+            workflow_streams("operator"),
+            log=self.operator_log,
+            env=env,
+            name="operator",
+            append=self.operator is not None,
         )
 
     def stop_operator(self) -> None:
