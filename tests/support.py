@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import socket
 from typing import Any
 
 from aiohttp import ClientResponse
@@ -236,3 +237,13 @@ class ObjectsApi:
         committed = await self.commit(intent)
         assert committed.status in (200, 201), await committed.text()
         return int((await committed.json())["sequence"])
+
+
+def small_receive_buffer(addr_info: Any) -> socket.socket:
+    """A client socket factory (``TCPConnector(socket_factory=...)``) with a fixed, small receive buffer
+    (no autotuning up to tens of MB), so that a reader that stops reading stalls the server's write
+    whatever the machine's TCP settings."""
+    family, type_, proto, _, _ = addr_info
+    sock = socket.socket(family, type_, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
+    return sock

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from workflow_streams import wire
 from workflow_streams.domain import durable as rules
 from workflow_streams.domain.durable_pins import default_template, pins_for
 from workflow_streams.domain.errors import InvalidInput, PayloadTooLarge
@@ -142,11 +143,11 @@ def test_cursor_never_goes_back_to_or_below_an_echoed_one() -> None:
 
 
 def test_sse_events_cannot_be_split_by_payload_line_breaks() -> None:
-    event = rules.sse_event("data", "a\r\n\r\nevent: control\rb\nc")
+    event = wire.event("data", "a\r\n\r\nevent: control\rb\nc")
     assert event == b"event: data\ndata:a\ndata:\ndata:event: control\ndata:b\ndata:c\n\n"
-    assert rules.sse_data([b'{"a":1}', b"2"], "application/json") == '[{"a":1},2]'
-    assert rules.sse_data([b"\x00\xff"], "application/octet-stream") == "AP8="
-    assert rules.control("05", "9", up_to_date=True, closed=True) == {
+    assert wire.data_text([b'{"a":1}', b"2"], "application/json") == '[{"a":1},2]'
+    assert wire.data_text([b"\x00\xff"], "application/octet-stream") == "AP8="
+    assert wire.control("05", "9", up_to_date=True, closed=True) == {
         "streamNextOffset": "05",
         "streamClosed": True,
         "upToDate": True,

@@ -4,7 +4,6 @@ record once, in order, including one that joins behind a read already in flight.
 from __future__ import annotations
 
 import asyncio
-import re
 
 from tests.support import StreamsApi
 from tests.waiting import eventually
@@ -16,8 +15,6 @@ from workflow_streams.runtime.supervisor import Supervisor
 from workflow_streams.runtime.wakes import PollOnly, WakeHub
 from workflow_streams.store.db import create_pool
 
-_ID = re.compile(rb"^id: (\d+)$", re.MULTILINE)
-
 
 class Recorder:
     """A follower that records the sequences of the events it is offered."""
@@ -28,10 +25,11 @@ class Recorder:
         self.seen: list[int] = []
         self.detached = False
 
-    def offer(self, chunk: bytes, count: int) -> bool:
-        sequences = [int(m) for m in _ID.findall(chunk)]
-        assert len(sequences) == count
-        self.seen += sequences
+    def offer(self, shared: SharedPage) -> bool:
+        records = shared.page.records[shared.start_after(self.last) :]
+        self.seen += [r.sequence for r in records]
+        if records:
+            self.last = records[-1].sequence
         return True
 
     def detach(self) -> None:

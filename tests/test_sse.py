@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import socket
 from typing import Any
 
 import asyncpg
@@ -13,10 +12,11 @@ import pytest
 from aiohttp import ClientPayloadError, TCPConnector
 from aiohttp.test_utils import TestClient
 
-from tests.support import BOB, EVE, SseReader, StreamsApi, credit, metric, problem
+from tests.support import BOB, EVE, SseReader, StreamsApi, credit, metric, problem, small_receive_buffer
 from tests.waiting import eventually
 from workflow_streams.api.app import create_app
 from workflow_streams.domain.wakes import RECORDS, Signal
+from workflow_streams.runtime import live
 from workflow_streams.store import notify
 from workflow_streams.store.retention import prune_stream
 
@@ -167,17 +167,7 @@ async def test_slow_subscriber_is_cut_off_not_buffered(
     aiohttp_client: Any, database_url: str, settings_for: Any, monkeypatch: Any
 ) -> None:
     """A subscriber that stops reading is disconnected once a write stalls; it resumes without loss."""
-    from workflow_streams.api import subscribe as sse
-
-    monkeypatch.setattr(sse, "WRITE_TIMEOUT_SECONDS", 0.5)
-
-    def small_receive_buffer(addr_info: Any) -> socket.socket:
-        # a fixed, small receive buffer (no autotuning up to tens of MB), so that a reader that stops
-        # reading stalls the server's write whatever the machine's TCP settings
-        family, type_, proto, _, _ = addr_info
-        sock = socket.socket(family, type_, proto)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
-        return sock
+    monkeypatch.setattr(live, "WRITE_TIMEOUT_SECONDS", 0.5)
 
     client: TestClient = await aiohttp_client(
         create_app(settings_for(database_url)), connector=TCPConnector(socket_factory=small_receive_buffer)

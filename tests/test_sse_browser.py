@@ -10,7 +10,7 @@ from aiohttp import web
 
 from tests.support import StreamsApi
 from workflow_streams.api.app import create_app
-from workflow_streams.api.subscribe import close_open_streams
+from workflow_streams.api.events import close_open_streams
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = [

@@ -23,11 +23,11 @@ from workflow_streams.domain.pins import parse_pins
 from workflow_streams.domain.placement import check_metadata_home
 from workflow_streams.holds import apply_legal_hold
 from workflow_streams.objectstore import ObjectStore
-from workflow_streams.store import definitions
+from workflow_streams.store import definitions, notify
 from workflow_streams.store.db import DB_UNAVAILABLE, create_pool
 from workflow_streams.store.retention import is_held
 
-from . import bucketpolicy
+from . import bucketpolicy, peering
 from .conditions import set_condition
 from .convert import pins_from_spec
 from .settings import OperatorSettings
@@ -73,6 +73,8 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: kopf
     memo.hold_changes = collections.defaultdict(asyncio.Event)
     if config.metrics_port:
         prometheus_client.start_http_server(config.metrics_port)
+    # Kopf peers once this returns: replicas started before the peering object must see each other in it
+    await peering.wait_for_peering(config, settings, logger)
     logger.info("operator ready: %d object regions", len(regions))
 
 
@@ -174,7 +176,10 @@ async def delete_stream(
     run_id, stream_id = spec["runId"], spec["streamId"]
     try:
         async with memo.pool.acquire() as conn:
-            queued = await definitions.delete_stream(conn, run_id, stream_id, Trusted(OPERATOR))
+            deleted = await definitions.delete_stream(conn, run_id, stream_id, Trusted(OPERATOR))
+            # committed: the replicas' subscribers see the stream end (the operator has no wake hub)
+            await notify.send(conn, deleted.signals, sender="operator")
+        queued = deleted.value
     except StreamHeld as exc:
         patch.status["conditions"] = set_condition(
             _conditions(status), "Deleting", False, "LegalHold", exc.detail, meta.get("generation")

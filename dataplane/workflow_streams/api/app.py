@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import collections
 import functools
 import logging
 import time
@@ -18,10 +17,10 @@ from .. import API_PREFIX, metrics, payloadlog
 from ..config import Settings
 from ..objectstore import ObjectStore
 from ..runtime.durability import Durability
-from ..runtime.fanout import Fanout
 from ..runtime.group_commit import GroupCommit
 from ..runtime.interest import Interest
 from ..runtime.listen_notify import ListenNotify
+from ..runtime.live import Live
 from ..runtime.reads import SharedReads
 from ..runtime.supervisor import Supervisor
 from ..runtime.wakes import PollOnly, WakeHub, WakeSource, process_id
@@ -30,7 +29,7 @@ from ..workers.dispatcher import Dispatcher, DispatchSettings
 from ..workers.metrics_sampler import run_sampler
 from ..workers.objects import run_janitor
 from ..workers.pruner import run_pruner
-from . import objects, openapi, streams, subscribe
+from . import events, objects, openapi, streams, subscribe
 from .auth import TokenAuthenticator
 from .durable import create_app as create_durable_app
 from .kubeauth import TokenReviewer
@@ -200,10 +199,10 @@ def create_app(settings: Settings, *, siblings: Siblings | None = None) -> web.A
         reviewer = TokenReviewer(settings.kube_auth) if settings.kube_auth else None
         authenticator = TokenAuthenticator(settings.tokens, reviewer)
         shared_reads = SharedReads(pool, hub, durability)
-        fanout = Fanout(hub, shared_reads, subscribe.PAGE, subscribe.gap_recorder(pool), supervisor)
+        live = Live(pool, hub, durability, shared_reads, supervisor, max_per_principal=settings.sse_max_per_principal)
         appends = GroupCommit(append_pool, hub, durability)
         app[STATE] = AppState(
-            settings, pool, hub, authenticator, shared_reads, appends, fanout, supervisor, durability, store
+            settings, pool, hub, authenticator, shared_reads, appends, live, supervisor, durability, store
         )
         supervisor.start("sampler", functools.partial(run_sampler, pool, settings.metrics_sample_seconds))
         if store is not None and settings.janitor_interval_seconds > 0:
@@ -223,7 +222,7 @@ def create_app(settings: Settings, *, siblings: Siblings | None = None) -> web.A
             supervisor.start("dispatcher", Dispatcher(pool, hub, durability, dispatch_settings(settings)).run)
         yield
         await supervisor.stop()
-        await fanout.close()
+        await live.close()
         await hub.stop()
         await durability.close()
         if reviewer is not None:
@@ -241,12 +240,9 @@ def create_app(settings: Settings, *, siblings: Siblings | None = None) -> web.A
         _add_routes(app.router, API_PREFIX, table)
     app.router.add_get(API_PREFIX + "/openapi.json", openapi.serve)
     app[openapi.OPENAPI] = openapi.document()
-    app[subscribe.OPEN_STREAMS] = weakref.WeakSet()
-    app[subscribe.SUBSCRIPTIONS] = collections.Counter()
-    app[subscribe.EVENT_STREAMS] = set()
-    app.on_shutdown.append(subscribe.close_open_streams)
+    app[events.OPEN_STREAMS] = weakref.WeakSet()
+    app.on_shutdown.append(events.close_open_streams)
     app.cleanup_ctx.append(resources)
-    app.cleanup_ctx.append(subscribe.cut_stalled)
     if siblings is not None:
 
         async def started(app: web.Application) -> None:  # after the cleanup contexts' startup

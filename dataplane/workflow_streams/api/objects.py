@@ -13,6 +13,7 @@ from ..domain.errors import FutureCursor, InvalidInput, NotAnObject, NotFound, O
 from ..domain.objects import byte_range, parse_prepare, repr_digest, served_content_type
 from ..objectstore import ObjectStore
 from ..runtime.group_commit import with_credit_wait
+from ..runtime.publish import committed
 from ..runtime.reads import read_page
 from ..store import objects, retention
 from ..store.appends import AppendResult
@@ -106,8 +107,10 @@ async def commit(request: web.Request) -> web.Response:
     evidence = await store.evidence(intent.region, intent.object_key)
 
     async def attempt() -> AppendResult:
-        async with app.pool.acquire() as conn:
-            result, signals = await objects.commit(
+        return await committed(
+            app.pool,
+            app.hub,
+            lambda conn: objects.commit(
                 conn,
                 run_id,
                 stream_id,
@@ -115,9 +118,8 @@ async def commit(request: web.Request) -> web.Response:
                 principal,
                 evidence.size if evidence else None,
                 evidence.checksum if evidence else None,
-            )
-        app.hub.publish(signals)  # committed
-        return result
+            ),
+        )
 
     result = await with_credit_wait(app.hub, run_id, stream_id, attempt)
     async with app.pool.acquire() as conn:

@@ -10,8 +10,8 @@ from ..config import Settings
 from ..domain.authz import Principal
 from ..objectstore import ObjectStore
 from ..runtime.durability import Durability
-from ..runtime.fanout import Fanout
 from ..runtime.group_commit import GroupCommit
+from ..runtime.live import Live
 from ..runtime.reads import SharedReads
 from ..runtime.supervisor import Supervisor
 from ..runtime.wakes import WakeHub
@@ -27,7 +27,7 @@ class AppState:
     authenticator: TokenAuthenticator
     shared_reads: SharedReads
     appends: GroupCommit
-    fanout: Fanout
+    live: Live
     supervisor: Supervisor
     durability: Durability
     objects: ObjectStore | None = None

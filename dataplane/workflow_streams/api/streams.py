@@ -13,9 +13,9 @@ from ..domain.ids import check_id
 from ..domain.pins import parse_pins
 from ..domain.placement import check_metadata_home
 from ..domain.records import parse_append_body
-from ..domain.wakes import ACKS, RECORDS, Signal
 from ..holds import apply_legal_hold
 from ..runtime.group_commit import append_records
+from ..runtime.publish import committed
 from ..runtime.reads import read_page
 from ..store import consumers, definitions, deliveries, streams
 from ..store.appends import AppendRequest
@@ -166,9 +166,9 @@ async def ack(request: web.Request) -> web.Response:
     sequence = body["sequence"]
     if type(sequence) is not int or not 0 <= sequence < 2**63:
         raise InvalidInput("sequence must be a non-negative integer", field="sequence")
-    async with app.pool.acquire() as conn:
-        result = await consumers.ack(conn, run_id, stream_id, consumer_id, sequence, principal)
-    app.hub.publish([Signal(ACKS, run_id, stream_id, sequence, sequence)])  # committed: wake blocked producers
+    result = await committed(
+        app.pool, app.hub, lambda conn: consumers.ack(conn, run_id, stream_id, consumer_id, sequence, principal)
+    )
     return json_response(result)
 
 
@@ -177,10 +177,9 @@ async def close(request: web.Request) -> web.Response:
     app = state_of(request)
     principal = await principal_of(request)
     run_id, stream_id = stream_key(request)
-    async with app.pool.acquire() as conn:
-        state = await definitions.close_stream(conn, run_id, stream_id, principal)
-    # committed: subscribers drain and then see the close
-    app.hub.publish([Signal(RECORDS, run_id, stream_id, 0, state.last_sequence)])
+    state = await committed(
+        app.pool, app.hub, lambda conn: definitions.close_stream(conn, run_id, stream_id, principal)
+    )
     return json_response(state.to_json())
 
 

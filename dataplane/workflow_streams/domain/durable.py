@@ -9,7 +9,6 @@ protocol lets clients do) orders them as their sequences: ``"0000000000000000000
 
 from __future__ import annotations
 
-import base64
 import datetime as dt
 import json
 import math
@@ -18,13 +17,12 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any
 
 from . import strictjson
-from .errors import InvalidInput, PayloadTooLarge, StreamError
+from .errors import Forbidden, InvalidInput, PayloadTooLarge, StreamError
 from .ids import check_id
 from .media import media_type as media_type  # the one rule; store and api/durable ask rules.media_type
-from .records import INLINE_LIMIT
+from .records import INLINE_LIMIT, RecordIn
 
 OFFSET_WIDTH = 20  # 2**63 - 1 has 19 digits
 STREAM_PATH_PREFIX = "/v1/stream/"  # where this surface's streams live, under its mount point
@@ -68,6 +66,20 @@ class StreamGone(StreamError):
     goes, and its name stays taken (a PUT is a conflict)."""
 
     code = "stream_deleted"
+
+
+class NotVisible(Forbidden):
+    """A PUT of a stream that exists but that this caller may not see: 403, as on our own API's create
+    (elsewhere a stream a caller may not see is 404, as if it did not exist)."""
+
+    def __init__(self) -> None:
+        super().__init__("the stream does not exist, or this principal may not do this on it")
+
+
+class NotDeletableHere(StreamError):
+    """DELETE of one of our own API's streams: their definitions are removed through the operator."""
+
+    code = "method_not_allowed"
 
 
 class StaleProducerEpoch(StreamError):
@@ -237,6 +249,12 @@ def json_messages(body: bytes, allow_empty: bool) -> list[bytes]:
     return messages
 
 
+def records(content_type: str, body: bytes, allow_empty: bool) -> list[RecordIn]:
+    """A body as the records of a stream of ``content_type``: JSON messages, or byte chunks."""
+    parts = json_messages(body, allow_empty) if is_json_mode(content_type) else byte_chunks(body)
+    return [RecordIn(content_type=content_type, payload=part) for part in parts]
+
+
 def byte_chunks(body: bytes, limit: int = INLINE_LIMIT) -> list[bytes]:
     """A byte stream's append as records of at most ``limit`` bytes each: reads concatenate them again,
     so the split is invisible except that it adds offsets inside the append."""
@@ -402,36 +420,3 @@ def if_none_match(header: str | None, tag: str) -> bool:
         return False
     candidates = [c.strip() for c in header.split(",")]
     return "*" in candidates or tag in candidates or f"W/{tag}" in candidates
-
-
-# --- SSE framing ---------------------------------------------------------------------------------
-
-_LINE_BREAK = re.compile(r"\r\n|\r|\n")
-
-
-def sse_event(event: str, data: str) -> bytes:
-    """One event; every line of ``data`` gets its own ``data:`` field, splitting on CRLF, CR and LF alike,
-    so a payload can never end the event or start another (CRLF injection)."""
-    lines = "".join(f"data:{line}\n" for line in _LINE_BREAK.split(data))
-    return f"event: {event}\n{lines}\n".encode()
-
-
-def sse_data(payloads: list[bytes], content_type: str) -> str:
-    """A page of records as one data event's text: a JSON array, text, or base64 of the bytes."""
-    if is_json_mode(content_type):
-        return "[" + ",".join(p.decode() for p in payloads) + "]"
-    joined = b"".join(payloads)
-    if sse_base64(content_type):
-        return base64.b64encode(joined).decode()
-    return joined.decode("utf-8", errors="replace")
-
-
-def control(next_offset: str, cursor: str | None, up_to_date: bool, closed: bool) -> dict[str, Any]:
-    body: dict[str, Any] = {"streamNextOffset": next_offset}
-    if closed:
-        body["streamClosed"] = True  # the final event: no cursor, nothing follows
-    elif cursor is not None:
-        body["streamCursor"] = cursor
-    if up_to_date:
-        body["upToDate"] = True
-    return body

@@ -10,7 +10,10 @@ the timeline an append's commit returned on (``runtime.durability``) is optional
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from typing import NamedTuple
+from dataclasses import dataclass
+from typing import Generic, NamedTuple, TypeVar
+
+T = TypeVar("T")
 
 # One channel carries every kind; the kind is the first character of a line.
 CHANNEL = "wfs_wakes"
@@ -48,6 +51,27 @@ class Signal(NamedTuple):
         first = 0 if 0 in (self.first, other.first) else min(self.first, other.first)
         last, timeline = max((self.last, self.timeline), (other.last, other.timeline))
         return Signal(self.kind, self.run_id, self.stream_id, first, last, timeline)
+
+
+def records_changed(run_id: str, stream_id: str, last: int = 0) -> Signal:
+    """A stream's records or state changed without a known range (it closed, or went away): whoever
+    follows it re-reads and sees why."""
+    return Signal(RECORDS, run_id, stream_id, 0, last)
+
+
+def acked(run_id: str, stream_id: str, sequence: int) -> Signal:
+    """A consumer's ack advanced: producers blocked on the unread ceiling may have credit."""
+    return Signal(ACKS, run_id, stream_id, sequence, sequence)
+
+
+@dataclass(frozen=True)
+class Changed(Generic[T]):
+    """What a store entry point returns when it changed what others watch: its answer, and the wake
+    signals to publish once its transaction has committed (``runtime.publish``: never before, so a wake
+    never precedes what it announces)."""
+
+    value: T
+    signals: tuple[Signal, ...] = ()
 
 
 def encode(signals: Iterable[Signal], sender: str) -> list[str]:

@@ -5,7 +5,8 @@ Why: with a task per subscriber, a record on a stream with 1,000 subscribers wok
 joining the shared read and writing on its own (profile of `bench.profile sse --subscribers 1000`: the
 event loop's scheduling — ``call_soon``, ``Handle._run``, ``shield`` — cost more than the socket writes
 themselves). Here the stream's task takes the read (after the wake, so never older than it: see
-``runtime/reads.py``), encodes once, and hands each follower its bytes with a write that cannot wait.
+``runtime/reads.py``), and hands each follower the page, which its surface encodes once for all of
+them (``SharedPage.memo``), with a write that cannot wait.
 
 A follower the fan-out cannot serve at once — its socket is backed up, the stream closed or was replaced,
 a read failed — is *detached*: its own task takes over from the last sequence it was given, with the
@@ -40,9 +41,10 @@ class Follower(Protocol):
     # the stream incarnation it authorized against: a replaced stream is not its stream
     pins_digest: str
 
-    def offer(self, chunk: bytes, count: int) -> bool:
-        """Write ``chunk`` (``count`` events) now if the connection takes it without waiting; False if
-        it cannot."""
+    def offer(self, shared: SharedPage) -> bool:
+        """Write the page's records after ``last`` (encoded by the follower's surface, once per page for
+        all its followers: ``SharedPage.memo``) now if the connection takes them without waiting, and
+        advance ``last``; False if it cannot."""
 
     def detach(self) -> None:
         """The fan-out no longer serves this follower; its own task continues from ``last``."""
@@ -116,10 +118,13 @@ class _StreamFanout:
                     log.log(level, "fan-out read of %s/%s failed (%s)", self.run_id, self.stream_id, exc)
                     self._detach_all()
                     continue
-                self._head = max(self._head, shared.page.bounds.latest)
+                latest = shared.page.bounds.latest
+                self._head = max(self._head, latest)
                 behind = self._write(shared, low)
-                if behind or len(shared.page.records) >= self._limit:
-                    wake.signal(0)  # a follower this read did not cover, or a full page: read again at once
+                if behind or any(f.last < latest for f in self.followers):
+                    # a follower this read did not cover, or one given less than the page's stream holds
+                    # (a full page, or an encoder's byte budget): read again at once
+                    wake.signal(0)
                 if self.followers:
                     wake.cursor = min(f.last for f in self.followers)
 
@@ -135,12 +140,7 @@ class _StreamFanout:
             if page.closed or page.pins_digest != follower.pins_digest:
                 self._detach(follower)  # its own task writes the close event or the error
                 continue
-            chunk, count, last = shared.events_after(follower.last)
-            if not count:
-                continue
-            if follower.offer(chunk, count):
-                follower.last = last
-            else:
+            if not follower.offer(shared):
                 self._detach(follower)  # a backed-up socket: its own task writes, bounded in time
         return behind
 

@@ -1,8 +1,8 @@
-"""Shared reads for subscribers: one query and one encoding per wake, whatever the audience.
+"""Shared reads for live connections: one query and one encoding per wake, whatever the audience.
 
 Subscribers of one stream woken together at the same cursor share one read (single flight), reads of
-many streams go to Postgres together in one statement, and the page's SSE bytes are encoded once, on
-first use, and written to every subscriber as they are.
+many streams go to Postgres together in one statement, and each surface's encoding of the page is
+made once, on first use, and written to every connection as it is.
 
 A subscriber joins an in-flight read only if that read started after the wake it is answering: a read
 that began before a commit was announced may not contain it, and a subscriber handed such a read would
@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import bisect
-import functools
+from collections.abc import Callable, Hashable
+from typing import TypeVar
 
-from .. import wire
 from ..domain.authz import Action, Caller
 from ..domain.errors import StreamError
 from ..store import reads
@@ -26,34 +26,35 @@ from .batches import Batches
 from .durability import Durability
 from .wakes import WakeHub
 
+T = TypeVar("T")
+
 
 class SharedPage:
-    """A page and its SSE encoding, computed once for every subscriber that reads it."""
+    """A page and its encodings, each computed once for every connection that reads it: a surface's
+    encoder keeps what it made of the page here (``memo``), so a fan-out to 1,000 subscribers encodes a
+    record once, not 1,000 times."""
+
+    __slots__ = ("_memo", "_sequences", "page")
 
     def __init__(self, page: Page) -> None:
         self.page = page
+        self._sequences: list[int] | None = None
+        self._memo: dict[Hashable, object] = {}
 
-    @functools.cached_property
-    def _sequences(self) -> list[int]:
-        return [r.sequence for r in self.page.records]
+    def start_after(self, last: int) -> int:
+        """The index of the page's first record after ``last``: what a connection at ``last`` has not
+        been given (boundary duplicates are dropped here)."""
+        if self._sequences is None:
+            self._sequences = [r.sequence for r in self.page.records]
+        return bisect.bisect_right(self._sequences, last)
 
-    @functools.cached_property
-    def _events(self) -> list[bytes]:
-        return [wire.sse_event(r) for r in self.page.records]
-
-    @functools.cached_property
-    def _all_events(self) -> bytes:
-        return b"".join(self._events)
-
-    def events_after(self, last: int) -> tuple[bytes, int, int]:
-        """The SSE bytes of the records after ``last`` (boundary duplicates dropped), how many, and the
-        new last sequence."""
-        start = bisect.bisect_right(self._sequences, last)
-        count = len(self._sequences) - start
-        if count == 0:
-            return b"", 0, last
-        chunk = self._all_events if start == 0 else b"".join(self._events[start:])
-        return chunk, count, self._sequences[-1]
+    def memo(self, key: Hashable, make: Callable[[Page], T]) -> T:
+        """``make(page)``, computed on first use and kept with the page under ``key``."""
+        try:
+            return self._memo[key]  # type: ignore[return-value]
+        except KeyError:
+            value = self._memo[key] = make(self.page)
+            return value
 
 
 class _Flight:

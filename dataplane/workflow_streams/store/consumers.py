@@ -8,6 +8,7 @@ import asyncpg
 
 from ..domain.authz import Principal
 from ..domain.errors import AckRegression, ConsumerScopeMismatch, FutureAck
+from ..domain.wakes import Changed, acked
 from . import db, streams
 
 
@@ -18,7 +19,10 @@ async def ack(
     consumer_id: str,
     sequence: int,
     principal: Principal,
-) -> dict[str, Any]:
+) -> Changed[dict[str, Any]]:
+    """Advance ``consumer_id``'s ack to ``sequence`` (registering it on its first ack); acks only advance.
+    Blocked appenders are woken once it commits (also when a new consumer registers: the credit rule
+    counts from the slowest consumer)."""
     async with db.transaction(conn):
         stream = await streams.load(conn, run_id, stream_id, caller=principal, right="ack")
         if sequence > stream.last_sequence:
@@ -52,5 +56,5 @@ async def ack(
                 sequence,
                 principal.name,
             )
-        # the caller wakes blocked appenders after COMMIT (also when a new consumer registers)
-        return {"consumer_id": consumer_id, "acked_sequence": sequence}
+        answer = {"consumer_id": consumer_id, "acked_sequence": sequence}
+        return Changed(answer, (acked(run_id, stream_id, sequence),))

@@ -15,8 +15,8 @@ import asyncpg
 from ..domain.authz import Caller, permits
 from ..domain.errors import Forbidden, PinsConflict, StreamHeld
 from ..domain.pins import StreamPins
-from ..domain.wakes import RECORDS, Signal
-from . import db, notify, streams
+from ..domain.wakes import Changed, records_changed
+from . import db, streams
 from .streams import COLUMNS, StreamRow
 
 
@@ -163,7 +163,9 @@ async def lock_stream(conn: asyncpg.Connection, run_id: str, stream_id: str) -> 
     return await streams.load(conn, run_id, stream_id, lock=True)
 
 
-async def close_stream(conn: asyncpg.Connection, run_id: str, stream_id: str, caller: Caller) -> StreamState:
+async def close_stream(conn: asyncpg.Connection, run_id: str, stream_id: str, caller: Caller) -> Changed[StreamState]:
+    """Close the stream (idempotent): appends are refused from now on, and followers drain what it
+    holds and then see the close, once this commits."""
     async with db.transaction(conn):
         stream = await streams.load(conn, run_id, stream_id, lock=True, caller=caller, right="close")
         if stream.closed_at is None:
@@ -175,8 +177,7 @@ async def close_stream(conn: asyncpg.Connection, run_id: str, stream_id: str, ca
                 caller.name,
             )
             stream = streams.row_of(row)
-            # the caller wakes subscribers after COMMIT: they drain and then see the close
-        return await _state(conn, stream)
+        return Changed(await _state(conn, stream), (records_changed(run_id, stream_id, stream.last_sequence),))
 
 
 async def set_legal_hold(
@@ -230,14 +231,15 @@ DELETE FROM wfs_records r USING stream s WHERE r.stream_key = s.stream_key
 
 async def delete_stream(
     conn: asyncpg.Connection, run_id: str, stream_id: str, caller: Caller
-) -> list[tuple[str, str, str]]:
+) -> Changed[list[tuple[str, str, str]]]:
     """Close and delete a stream; its objects go to the deletion outbox (which outlives the stream).
-    Refused while a legal hold exists. Returns the (region, bucket, key) queued for deletion. Deleting
-    ends the stream for everyone: ``caller`` needs the right that ends streams (``close``)."""
+    Refused while a legal hold exists. Answers the (region, bucket, key) queued for deletion; open
+    subscriptions see the stream end once this commits. Deleting ends the stream for everyone:
+    ``caller`` needs the right that ends streams (``close``)."""
     async with db.transaction(conn):
         stream = await streams.find(conn, run_id, stream_id, lock=True)
         if stream is None:
-            return []
+            return Changed([])
         stream.authorize(caller, "close")
         if await conn.fetchval(_HELD, run_id, stream_id):
             holds = len(await _active_holds(conn, run_id, stream_id))  # for the answer only
@@ -251,10 +253,8 @@ async def delete_stream(
             stream_id,
         )
         await conn.execute(_DELETE, run_id, stream_id)
-        # open subscriptions see the stream end (delivered by Postgres after COMMIT; deletes are rare,
-        # so paying the notify lock here is fine)
-        await notify.send(conn, [Signal(RECORDS, run_id, stream_id)], sender="delete")
-        return [(r["region"], r["bucket"], r["object_key"]) for r in queued]
+        queued_keys = [(r["region"], r["bucket"], r["object_key"]) for r in queued]
+        return Changed(queued_keys, (records_changed(run_id, stream_id),))
 
 
 @dataclass(frozen=True)

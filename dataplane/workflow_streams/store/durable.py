@@ -14,12 +14,14 @@ from dataclasses import dataclass
 
 import asyncpg
 
-from ..domain.authz import Principal, Trusted, require
+from ..domain.authz import Caller, Principal, Right, Trusted, may_see
 from ..domain.durable import (
     ConfigConflict,
     ContentTypeMismatch,
     Fork,
     Lifetime,
+    NotDeletableHere,
+    NotVisible,
     Producer,
     ProducerGap,
     ProducerState,
@@ -30,25 +32,27 @@ from ..domain.durable import (
     decide_producer,
     is_json_mode,
     media_type,
+    records,
 )
 from ..domain.errors import InvalidInput, PinsConflict, StreamClosed, StreamHeld, StreamNotFound
 from ..domain.pins import StreamPins
 from ..domain.records import RecordIn
-from ..domain.wakes import RECORDS, Signal
+from ..domain.wakes import Changed, Signal, records_changed
 from . import appends, db, definitions, streams
-from .definitions import lock_stream, pins_of
+from .definitions import lock_stream
+from .streams import StreamRow
 
 OWN_CONTENT_TYPE = "application/json"
 # who deletes expired streams: their lifetime, not a caller's right
 EXPIRY = Trusted("durable-streams expiry")
 
-_SELECT = """
-SELECT s.run_id, s.stream_id, s.pins, s.pins_digest, s.last_sequence, s.earliest_sequence, s.closed_at,
-       s.created_at, s.stream_key, s.pruned_bytes, d.content_type, d.ttl_seconds, d.expires_at,
-       d.accessed_at, d.stream_seq, d.closed_by_producer, d.closed_by_epoch, d.closed_by_seq, d.adopted,
-       d.created_at AS ds_created_at, d.forked_from_run, d.forked_from_stream, d.fork_offset,
-       d.fork_sub_offset, coalesce(d.forks, 0) AS forks, d.deleted_at, clock_timestamp() AS db_now
-FROM wfs_streams s LEFT JOIN wfs_durable_streams d USING (run_id, stream_id)
+# the stream's row (the one loader's columns) and what the protocol adds to it
+_SELECT = f"""
+SELECT {streams.columns("s")}, s.stream_key, d.content_type, d.ttl_seconds, d.expires_at, d.accessed_at,
+       d.stream_seq, d.closed_by_producer, d.closed_by_epoch, d.closed_by_seq, d.adopted, d.forked_from_run,
+       d.forked_from_stream, d.fork_offset, d.fork_sub_offset, coalesce(d.forks, 0) AS forks, d.deleted_at,
+       clock_timestamp() AS db_now
+FROM wfs_streams s LEFT JOIN wfs_durable_streams d ON d.run_id = s.run_id AND d.stream_id = s.stream_id
 WHERE s.run_id = $1 AND s.stream_id = $2
 """
 
@@ -65,30 +69,49 @@ class Origin:
 
 @dataclass(frozen=True)
 class Meta:
-    """A stream as the protocol sees it. Streams of our own API (no protocol row, or one adopted for a
-    producer or Stream-Seq) are JSON streams without a lifetime."""
+    """A stream as the protocol sees it: the stream's row (``store.streams``) and the protocol's own
+    state. Streams of our own API (no protocol row, or one adopted for a producer or Stream-Seq) are
+    JSON streams without a lifetime."""
 
-    run_id: str
-    stream_id: str
-    pins: StreamPins
+    stream: StreamRow
+    # the surrogate key its records are stored under (a fork copies them by it)
+    stream_key: int
     content_type: str
     lifetime: Lifetime
     accessed_at: dt.datetime
-    created_at: dt.datetime
-    last_sequence: int
-    earliest_sequence: int
-    closed: bool
     stream_seq: str | None
     closed_by: Producer | None
     # created through the protocol (PUT), as opposed to one of our own streams
     created_here: bool
     now: dt.datetime
-    stream_key: int = 0
-    pruned_bytes: int = 0
     # a fork's source; and this stream's live forks, and whether it was deleted while they remain
     origin: Origin | None = None
     forks: int = 0
     deleted: bool = False
+
+    @property
+    def run_id(self) -> str:
+        return self.stream.run_id
+
+    @property
+    def stream_id(self) -> str:
+        return self.stream.stream_id
+
+    @property
+    def pins(self) -> StreamPins:
+        return self.stream.pins
+
+    @property
+    def last_sequence(self) -> int:
+        return self.stream.last_sequence
+
+    @property
+    def earliest_sequence(self) -> int:
+        return self.stream.earliest_sequence
+
+    @property
+    def closed(self) -> bool:
+        return self.stream.closed
 
     @property
     def expired(self) -> bool:
@@ -97,7 +120,7 @@ class Meta:
     @property
     def incarnation(self) -> str:
         """Tells a re-created stream from the one deleted before it."""
-        return f"{int(self.created_at.timestamp() * 1_000_000):x}"
+        return f"{int(self.stream.created_at.timestamp() * 1_000_000):x}"
 
     def same_config(self, content_type: str, lifetime: Lifetime, closed: bool) -> bool:
         return (
@@ -120,28 +143,21 @@ class Meta:
         )
 
 
-def _meta(row: asyncpg.Record) -> Meta:
+def _meta(row: asyncpg.Record, stream: StreamRow) -> Meta:
     has_row = row["content_type"] is not None
     closed_by = None
     if row["closed_by_producer"] is not None:
         closed_by = Producer(row["closed_by_producer"], row["closed_by_epoch"], row["closed_by_seq"])
     return Meta(
-        run_id=row["run_id"],
-        stream_id=row["stream_id"],
-        pins=pins_of(row),
+        stream=stream,
+        stream_key=row["stream_key"],
         content_type=row["content_type"] if has_row else OWN_CONTENT_TYPE,
         lifetime=Lifetime(row["ttl_seconds"], row["expires_at"]) if has_row else Lifetime(),
         accessed_at=row["accessed_at"] or row["db_now"],
-        created_at=row["created_at"],
-        last_sequence=row["last_sequence"],
-        earliest_sequence=row["earliest_sequence"],
-        closed=row["closed_at"] is not None,
         stream_seq=row["stream_seq"],
         closed_by=closed_by,
         created_here=has_row and not row["adopted"],
         now=row["db_now"],
-        stream_key=row["stream_key"],
-        pruned_bytes=row["pruned_bytes"],
         origin=(
             Origin(row["forked_from_run"], row["forked_from_stream"], row["fork_offset"], row["fork_sub_offset"])
             if row["forked_from_run"] is not None
@@ -153,14 +169,27 @@ def _meta(row: asyncpg.Record) -> Meta:
 
 
 async def fetch(conn: asyncpg.Connection, run_id: str, stream_id: str) -> Meta | None:
+    """The stream as it is, deleted or expired included, for the decisions that need to know (internal:
+    no rights are checked)."""
     row = await conn.fetchrow(_SELECT, run_id, stream_id)
-    return _meta(row) if row is not None else None
+    return _meta(row, streams.row_of(row)) if row is not None else None
 
 
-async def load(conn: asyncpg.Connection, run_id: str, stream_id: str) -> Meta:
-    """The stream, or StreamNotFound; an expired stream is deleted here (not inside a caller's
-    transaction, which could roll the deletion back) and is not found either."""
-    meta = await fetch(conn, run_id, stream_id)
+async def load(
+    conn: asyncpg.Connection,
+    run_id: str,
+    stream_id: str,
+    *,
+    caller: Caller | None = None,
+    right: Right = "see",
+    client_region: str | None = None,
+) -> Meta:
+    """The stream for ``caller`` (``streams.checked``: not found, then the right and the egress pins,
+    before anything else is decided), or ``StreamGone`` for a deleted stream whose forks remain. An
+    expired stream is deleted here (not inside a caller's transaction, which could roll the deletion
+    back) and is not found either."""
+    row = await conn.fetchrow(_SELECT, run_id, stream_id)
+    meta = _meta(row, streams.checked(row, caller, right, client_region)) if row is not None else None
     if meta is None:
         raise StreamNotFound("no such stream")
     if meta.deleted:
@@ -195,8 +224,18 @@ async def touch(conn: asyncpg.Connection, meta: Meta) -> None:
 class Created:
     meta: Meta
     created: bool
-    # to publish after COMMIT
-    signals: list[Signal]
+
+
+def _found_again(existing: Meta, principal: Principal) -> Changed[Created]:
+    """An existing stream answers a repeated PUT only to who may see it; to anyone else it is not
+    visible (403, as on our own API's create), never a hint of what it holds."""
+    if not may_see(existing.pins.authorization, principal):
+        raise NotVisible()
+    return Changed(Created(existing, False))
+
+
+def _conflict(existing: Meta, principal: Principal, conflict: ConfigConflict) -> ConfigConflict | NotVisible:
+    return conflict if may_see(existing.pins.authorization, principal) else NotVisible()
 
 
 async def create(
@@ -209,17 +248,17 @@ async def create(
     lifetime: Lifetime,
     closed: bool,
     initial: list[RecordIn],
-) -> Created:
+) -> Changed[Created]:
     """Create the stream with its initial records (and closed if asked), or find the same one: the
-    same content type, lifetime and closed flag answer it again, anything else is a conflict. Callers
-    decide who may learn that an existing stream exists."""
+    same content type, lifetime and closed flag answer it again, anything else is a conflict; both only
+    to a caller who may see the existing stream."""
     async with db.transaction(conn):
         existing = await fetch(conn, run_id, stream_id)
         if existing is not None and not existing.deleted and existing.expired and await _delete_expired(conn, existing):
             existing = await fetch(conn, run_id, stream_id)  # gone, or kept deleted for its forks
         if existing is None:
             try:
-                # Trusted: this surface decides on its Meta who may learn of an existing stream (``create``)
+                # Trusted: who may learn of an existing stream is decided on its Meta below
                 _, created = await definitions.create_definition(conn, run_id, stream_id, pins, Trusted(principal.name))
             except PinsConflict:
                 created = False  # created concurrently by someone else
@@ -233,23 +272,28 @@ async def create(
                     lifetime.ttl_seconds,
                     lifetime.expires_at,
                 )
-                signals = []
-                if initial:
-                    _, batch = await appends.append_locked(conn, run_id, stream_id, initial, principal)
-                    signals += batch.signals()
-                if closed:
-                    state = await definitions.close_stream(conn, run_id, stream_id, principal)
-                    signals.append(Signal(RECORDS, run_id, stream_id, 0, state.last_sequence))
-                return Created(await _fetch_existing(conn, run_id, stream_id), True, signals)
+                signals = await _initial(conn, run_id, stream_id, principal, initial, closed)
+                return Changed(Created(await _fetch_existing(conn, run_id, stream_id), True), signals)
             existing = await _fetch_existing(conn, run_id, stream_id)
         if existing.deleted or not existing.same_config(content_type, lifetime, closed):
             detail = "the stream exists with another content type, lifetime or closed state"
             if existing.deleted:
                 detail = "a stream of this name was deleted while forks of it remain"
-            conflict = ConfigConflict(detail)
-            conflict.extra["meta"] = existing  # who may learn of it is the caller's to decide
-            raise conflict
-        return Created(existing, False, [])
+            raise _conflict(existing, principal, ConfigConflict(detail))
+        return _found_again(existing, principal)
+
+
+async def _initial(
+    conn: asyncpg.Connection, run_id: str, stream_id: str, principal: Principal, initial: list[RecordIn], closed: bool
+) -> tuple[Signal, ...]:
+    """A new stream's records from its PUT's body, and its close if the PUT asked; what they changed."""
+    signals: list[Signal] = []
+    if initial:
+        _, batch = await appends.append_locked(conn, run_id, stream_id, initial, principal)
+        signals += batch.signals()
+    if closed:
+        signals += (await definitions.close_stream(conn, run_id, stream_id, principal)).signals
+    return tuple(signals)
 
 
 class ForkConflict(ConfigConflict):
@@ -276,30 +320,34 @@ async def fork(
     spec: Fork,
     pins: StreamPins,
     principal: Principal,
+    client_region: str | None,
     content_type: str | None,
     lifetime: Lifetime,
     closed: bool,
-    initial: list[RecordIn],
-) -> Created:
+    body: bytes,
+) -> Changed[Created]:
     """Create the stream as a fork of ``source_key`` (copy-on-fork, PROTOCOL.md's stream forking): the
     source's records through the fork point are copied, with a sub-offset the first bytes (byte stream)
     or messages (JSON) after it; then ``initial``. The fork takes the source's content type and lifetime
     unless the PUT names its own, starts open, and has no producer state. Or find the same fork again.
-    Made under the source's row lock, so its fork count and tail hold for the whole decision."""
+    Made under the source's row lock, so its fork count and tail hold for the whole decision. A fork
+    copies the source: who may not read it (here) may not fork it."""
     async with db.transaction(conn):
         await lock_stream(conn, *source_key)
         source = await fetch(conn, *source_key)
         if source is None or (source.expired and not source.deleted):
             raise StreamNotFound("the fork's source does not exist")
+        source.stream.authorize(principal, "read", client_region)
         if source.deleted:
             raise ForkConflict("the fork's source was deleted")
         existing = await fetch(conn, run_id, stream_id)
         if existing is not None:
             if not existing.deleted and existing.same_fork(source_key, spec, content_type, lifetime):
-                return Created(existing, False, [])
-            raise ConfigConflict("the stream exists as another stream, or another fork")
+                return _found_again(existing, principal)
+            raise _conflict(existing, principal, ConfigConflict("the stream exists as another stream, or another fork"))
         if content_type is not None and media_type(content_type) != media_type(source.content_type):
             raise ForkConflict(f"the source's content type is {source.content_type}")
+        initial = records(source.content_type, body, allow_empty=True) if body else []
         through, prefix = _fork_point(source, spec, await _next_payload(conn, source, spec))
         if await conn.fetchval(
             "SELECT EXISTS (SELECT FROM wfs_records WHERE stream_key = $1 AND sequence <= $2 AND object IS NOT NULL)",
@@ -350,19 +398,13 @@ async def fork(
             last,
             cumulative,
             source.earliest_sequence,
-            source.pruned_bytes,
+            source.stream.pruned_bytes,
         )
         await conn.execute(
             "UPDATE wfs_durable_streams SET forks = forks + 1 WHERE run_id = $1 AND stream_id = $2", *source_key
         )
-        signals: list[Signal] = []
-        if initial:
-            _, batch = await appends.append_locked(conn, run_id, stream_id, initial, principal)
-            signals += batch.signals()
-        if closed:
-            state = await definitions.close_stream(conn, run_id, stream_id, principal)
-            signals.append(Signal(RECORDS, run_id, stream_id, 0, state.last_sequence))
-        return Created(await _fetch_existing(conn, run_id, stream_id), True, signals)
+        signals = await _initial(conn, run_id, stream_id, principal, initial, closed)
+        return Changed(Created(await _fetch_existing(conn, run_id, stream_id), True), signals)
 
 
 async def _next_payload(conn: asyncpg.Connection, source: Meta, spec: Fork) -> bytes | None:
@@ -409,7 +451,7 @@ async def _cumulative(conn: asyncpg.Connection, source: Meta, through: int) -> i
     value: int | None = await conn.fetchval(
         "SELECT cumulative_bytes FROM wfs_records WHERE stream_key = $1 AND sequence = $2", source.stream_key, through
     )
-    return value if value is not None else source.pruned_bytes
+    return value if value is not None else source.stream.pruned_bytes
 
 
 async def _fetch_existing(conn: asyncpg.Connection, run_id: str, stream_id: str) -> Meta:
@@ -435,8 +477,6 @@ class AppendOutcome:
     duplicate: bool
     closed: bool
     producer: ProducerState | None
-    # to publish after COMMIT
-    signals: list[Signal]
 
 
 def closes_again(plan: AppendPlan) -> bool:
@@ -454,7 +494,7 @@ class ClosedStream(StreamClosed):
 
 async def append_guarded(
     conn: asyncpg.Connection, run_id: str, stream_id: str, plan: AppendPlan, principal: Principal
-) -> AppendOutcome:
+) -> Changed[AppendOutcome]:
     """An append (and/or close) whose protocol checks must hold at the moment it is written: the
     closed state, the producer's epoch and sequence, Stream-Seq. All under the stream row lock in one
     transaction, so a producer's state can never disagree with the records (PROTOCOL.md 5.2.1)."""
@@ -466,9 +506,9 @@ async def append_guarded(
         if meta.closed:
             if plan.producer is not None and meta.closed_by == plan.producer:
                 state = await _producer_state(conn, run_id, stream_id, plan.producer.id)
-                return AppendOutcome(meta.last_sequence, True, True, state, [])
+                return Changed(AppendOutcome(meta.last_sequence, True, True, state))
             if closes_again(plan):
-                return AppendOutcome(meta.last_sequence, False, True, None, [])
+                return Changed(AppendOutcome(meta.last_sequence, False, True, None))
             raise ClosedStream(meta.last_sequence)
         mismatch = plan.content_type is not None and media_type(plan.content_type) != media_type(meta.content_type)
         if plan.records and mismatch:
@@ -481,7 +521,7 @@ async def append_guarded(
             current = await _producer_state(conn, run_id, stream_id, plan.producer.id)
             decision = decide_producer(current, plan.producer)
             if decision.verdict is Verdict.DUPLICATE:
-                return AppendOutcome(meta.last_sequence, True, False, decision.state, [])
+                return Changed(AppendOutcome(meta.last_sequence, True, False, decision.state))
             if decision.verdict is Verdict.STALE_EPOCH:
                 assert decision.state is not None
                 raise StaleProducerEpoch("a newer producer epoch exists", current_epoch=decision.state.epoch)
@@ -500,13 +540,11 @@ async def append_guarded(
             result, batch = await appends.append_locked(conn, run_id, stream_id, plan.records, principal)
             last, signals = result.last_sequence, batch.signals()
         if plan.close:
-            await definitions.close_stream(conn, run_id, stream_id, principal)
-            # subscribers drain and then see the close
-            signals.append(Signal(RECORDS, run_id, stream_id, 0, last))
+            signals += (await definitions.close_stream(conn, run_id, stream_id, principal)).signals
         elif not plan.records:
-            require(meta.pins.authorization, principal, "append")
+            meta.stream.authorize(principal, "append")
         await _remember(conn, meta, plan, accepted)
-        return AppendOutcome(last, False, plan.close, accepted, signals)
+        return Changed(AppendOutcome(last, False, plan.close, accepted), tuple(signals))
 
 
 async def _producer_state(
@@ -563,23 +601,27 @@ async def _remember(conn: asyncpg.Connection, meta: Meta, plan: AppendPlan, acce
         )
 
 
-async def delete(conn: asyncpg.Connection, meta: Meta) -> None:
-    """Only streams created through the protocol: our own streams' definitions are not the protocol's
-    to remove (their deletion goes through the operator). The caller checked ``close`` on ``meta``."""
-    await remove(conn, meta, Trusted("durable-streams delete"))
+async def delete(conn: asyncpg.Connection, run_id: str, stream_id: str, caller: Caller) -> Changed[None]:
+    """DELETE: the right that ends streams for everyone (``close``), and only for streams created
+    through the protocol: our own streams' definitions are not the protocol's to remove (their deletion
+    goes through the operator)."""
+    meta = await load(conn, run_id, stream_id, caller=caller, right="close")
+    if not meta.created_here:
+        raise NotDeletableHere("streams of our own API are not deleted here")
+    return await remove(conn, meta, Trusted("durable-streams delete"))
 
 
-async def remove(conn: asyncpg.Connection, meta: Meta, caller: Trusted) -> None:
+async def remove(conn: asyncpg.Connection, meta: Meta, caller: Trusted) -> Changed[None]:
     """Delete the stream, or, while forks of it remain, only mark it deleted; deleting a fork frees its
     source, which goes too if it was marked deleted and this was its last fork (and so on up the chain).
     Refused, as any deletion, while a legal hold exists."""
     async with db.transaction(conn):
         # gone already (a concurrent sweep of the same expired stream): nothing to do
         if await streams.find(conn, meta.run_id, meta.stream_id, lock=True) is None:
-            return
+            return Changed(None)
         current = await fetch(conn, meta.run_id, meta.stream_id)
         if current is None:
-            return
+            return Changed(None)
         if current.forks:
             await conn.execute(
                 """UPDATE wfs_durable_streams SET deleted_at = coalesce(deleted_at, clock_timestamp())
@@ -587,16 +629,16 @@ async def remove(conn: asyncpg.Connection, meta: Meta, caller: Trusted) -> None:
                 current.run_id,
                 current.stream_id,
             )
-            return
-        await definitions.delete_stream(conn, current.run_id, current.stream_id, caller)
+            return Changed(None, (records_changed(current.run_id, current.stream_id),))
+        deleted = (await definitions.delete_stream(conn, current.run_id, current.stream_id, caller)).signals
         origin = current.origin
         if origin is None:
-            return
+            return Changed(None, deleted)
         if await streams.find(conn, origin.run_id, origin.stream_id, lock=True) is None:
-            return
+            return Changed(None, deleted)
         source = await fetch(conn, origin.run_id, origin.stream_id)
         if source is None:
-            return
+            return Changed(None, deleted)
         left = await conn.fetchval(
             """UPDATE wfs_durable_streams SET forks = greatest(forks - 1, 0)
                WHERE run_id = $1 AND stream_id = $2 RETURNING forks""",
@@ -604,7 +646,9 @@ async def remove(conn: asyncpg.Connection, meta: Meta, caller: Trusted) -> None:
             source.stream_id,
         )
         if left == 0 and (source.deleted or source.expired):
-            await remove(conn, dataclasses.replace(source, forks=0), caller)
+            freed = await remove(conn, dataclasses.replace(source, forks=0), caller)
+            return Changed(None, deleted + freed.signals)
+        return Changed(None, deleted)
 
 
 async def sweep_expired(conn: asyncpg.Connection, limit: int = 20) -> int:

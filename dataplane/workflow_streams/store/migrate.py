@@ -75,9 +75,10 @@ async def apply_migrations(dsn: str, directory: Path | None = None, connecting: 
                 )
             log.info("applied migration %04d_%s", migration.version, migration.name)
             applied.append(migration.version)
-        async with db.transaction(conn):
-            await conn.execute("SELECT pg_advisory_xact_lock($1)", _LOCK_KEY)
-            await db.kept_functions(conn)
+        if directory is None:  # this release's schema, whole: its statements can be kept as functions
+            async with db.transaction(conn):
+                await conn.execute("SELECT pg_advisory_xact_lock($1)", _LOCK_KEY)
+                await db.kept_functions(conn)
         return applied
     finally:
         await conn.close()

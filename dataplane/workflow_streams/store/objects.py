@@ -21,7 +21,7 @@ from ..domain.errors import (
 )
 from ..domain.objects import ObjectPins, Prepared, can_move, choose_region, object_json, object_key
 from ..domain.records import RecordIn
-from ..domain.wakes import Signal
+from ..domain.wakes import Changed
 from . import db, streams
 from .appends import AppendResult, append_locked
 
@@ -215,9 +215,9 @@ async def commit(
     principal: Principal,
     evidence_size: int | None,
     evidence_checksum: str | None,
-) -> tuple[AppendResult, list[Signal]]:
+) -> Changed[AppendResult]:
     """Append the object record if S3's evidence agrees with the intent. A duplicate commit returns the
-    original sequence. The caller publishes the wake signals after COMMIT."""
+    original sequence (and changes nothing)."""
     async with db.transaction(conn):
         await streams.load(conn, run_id, stream_id, lock=True, caller=principal, right="append")
         intent = await conn.fetchrow(
@@ -229,7 +229,7 @@ async def commit(
         if intent is None:
             raise NotFound("no such object intent")
         if intent["state"] == "committed":
-            return AppendResult(intent["committed_sequence"], intent["committed_sequence"], replayed=True), []
+            return Changed(AppendResult(intent["committed_sequence"], intent["committed_sequence"], replayed=True))
         if not can_move(intent["state"], "committed"):
             raise IntentState(f"the intent is {intent['state']}; upload before commit", state=intent["state"])
         if intent["expires_at"] <= await conn.fetchval("SELECT now()"):
@@ -258,7 +258,7 @@ async def commit(
             intent["intent_id"],
             result.first_sequence,
         )
-        return result, batch.signals()
+        return Changed(result, tuple(batch.signals()))
 
 
 async def abort(conn: asyncpg.Connection, run_id: str, stream_id: str, intent_id: str, principal: Principal) -> str:

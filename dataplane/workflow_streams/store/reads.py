@@ -8,12 +8,10 @@ from typing import Any
 
 import asyncpg
 
-from ..domain import authz
 from ..domain.authz import Action, Caller, Principal
 from ..domain.cursor import Bounds, check_cursor
 from ..domain.errors import StreamError
 from ..domain.pins import StreamPins
-from ..domain.placement import check_egress
 from ..domain.records import DEFAULT_CONTENT_TYPE, StoredRecord
 from . import streams
 from .wal import TIMELINE
@@ -109,14 +107,6 @@ FROM s, LATERAL (
 PageKey = tuple[str, str, int, int]  # run_id, stream_id, after, limit
 
 
-def authorize(pins: StreamPins, caller: Caller, right: Action, client_region: str | None) -> None:
-    """What every read checks, before anything else is decided: the caller's right, then its region
-    against the egress pins (``fetch_page``, and a subscription joining a page read for others)."""
-    authz.authorize(pins.authorization, caller, right)
-    if client_region is not None:
-        check_egress(pins, client_region)
-
-
 async def fetch_page(
     conn: asyncpg.Connection,
     run_id: str,
@@ -159,10 +149,8 @@ def _page(
     """A page from the rows of one stream (``_PAGE``'s, or one key's of ``_PAGES``)."""
     # the stream's row comes first (Postgres appends the branches in order; found by ``part`` anyway)
     head = next((row for row in rows if row["part"] == 0), None)
-    stream = streams.checked(head, None)
+    stream = streams.checked(head, caller, right, client_region)
     assert head is not None  # checked raises for a missing stream
-    if caller is not None:
-        authorize(stream.pins, caller, right, client_region)
     bounds = Bounds(earliest=stream.earliest_sequence, latest=stream.last_sequence)
     check_cursor(after, bounds)
     records = [stored_record(row) for row in rows if row["part"] == 1]

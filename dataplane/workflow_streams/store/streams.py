@@ -14,9 +14,11 @@ from typing import Any
 
 import asyncpg
 
-from ..domain.authz import Caller, Right, authorize
+from ..domain import authz
+from ..domain.authz import Caller, Right
 from ..domain.errors import StreamNotFound
 from ..domain.pins import StreamPins
+from ..domain.placement import check_egress
 
 # The columns a StreamRow holds, named rather than ``*`` so columns added by later migrations (retention
 # due-ness, generated pin columns) neither travel nor change what a load costs.
@@ -24,6 +26,12 @@ COLUMNS = (
     "run_id, stream_id, pins, pins_digest, created_at, created_by, last_sequence, appended_bytes,"
     " earliest_sequence, pruned_bytes, closed_at, closed_by"
 )
+
+
+def columns(alias: str) -> str:
+    """``COLUMNS`` qualified by a table alias, for queries that join the stream's row with others."""
+    return ", ".join(f"{alias}.{name.strip()}" for name in COLUMNS.split(","))
+
 
 _LOAD = f"SELECT {COLUMNS} FROM wfs_streams WHERE run_id = $1 AND stream_id = $2"
 _LOAD_LOCKED = _LOAD + " FOR UPDATE"
@@ -50,9 +58,17 @@ class StreamRow:
     def closed(self) -> bool:
         return self.closed_at is not None
 
-    def authorize(self, caller: Caller, right: Right) -> None:
-        """``Forbidden`` unless the pinned authorization grants ``right`` to ``caller``."""
-        authorize(self.pins.authorization, caller, right)
+    def authorize(self, caller: Caller, right: Right, client_region: str | None = None) -> None:
+        authorize(self.pins, caller, right, client_region)
+
+
+def authorize(pins: StreamPins, caller: Caller, right: Right, client_region: str | None = None) -> None:
+    """What every entry point checks on the stream it acts on, before anything else is decided: the
+    caller's right (``Forbidden``), then, for a caller that takes data out, its region against the
+    egress pins (``PlacementViolation``)."""
+    authz.authorize(pins.authorization, caller, right)
+    if client_region is not None:
+        check_egress(pins, client_region)
 
 
 _PINS_CACHE: dict[str, StreamPins] = {}
@@ -131,21 +147,25 @@ async def load(
     lock: bool = False,
     caller: Caller | None = None,
     right: Right = "see",
+    client_region: str | None = None,
 ) -> StreamRow:
     """The stream, or ``StreamNotFound``. ``lock`` takes its row lock (``FOR UPDATE``) for the rest of the
-    transaction. With ``caller``, ``right`` is checked on the loaded row (``Forbidden``) before anything
-    else is decided; ``caller=None`` is for internal work and for callers that authorized this very
-    stream earlier in the same request (a subscription's later pages)."""
-    return checked(await conn.fetchrow(_LOAD_LOCKED if lock else _LOAD, run_id, stream_id), caller, right)
+    transaction. With ``caller``, ``right`` (and ``client_region`` against the egress pins) is checked on
+    the loaded row before anything else is decided; ``caller=None`` is for internal work and for callers
+    that authorized this very stream earlier in the same request (a subscription's later pages)."""
+    row = await conn.fetchrow(_LOAD_LOCKED if lock else _LOAD, run_id, stream_id)
+    return checked(row, caller, right, client_region)
 
 
-def checked(row: Mapping[str, Any] | None, caller: Caller | None, right: Right = "see") -> StreamRow:
+def checked(
+    row: Mapping[str, Any] | None, caller: Caller | None, right: Right = "see", client_region: str | None = None
+) -> StreamRow:
     """How a fetched row (``COLUMNS``, maybe among others) becomes a stream for a caller: missing is
-    ``StreamNotFound``, then ``right`` is checked. For queries that read the row with more in one
-    statement (``reads.fetch_page``)."""
+    ``StreamNotFound``, then ``authorize``. For queries that read the row with more in one statement
+    (``reads.fetch_page``, ``durable.load``)."""
     if row is None:
         raise StreamNotFound("no such stream")
     stream = row_of(row)
     if caller is not None:
-        stream.authorize(caller, right)
+        stream.authorize(caller, right, client_region)
     return stream

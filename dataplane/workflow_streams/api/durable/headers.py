@@ -11,6 +11,7 @@ from ...domain import errors
 from ...domain.durable import (
     ContentTypeMismatch,
     DurableConflict,
+    NotDeletableHere,
     StaleProducerEpoch,
     StreamGone,
     encode_offset,
@@ -99,6 +100,8 @@ def error_response(exc: errors.StreamError) -> web.Response:
         return problem(404, errors.NotFound.code, "no such stream (or not visible to this caller)")
     if isinstance(exc, StreamGone):
         return problem(410, exc.code, exc.detail)
+    if isinstance(exc, NotDeletableHere):
+        return problem(405, exc.code, exc.detail, {"Allow": "GET, HEAD, POST, PUT"})
     if isinstance(exc, ClosedStream):
         return _with(
             problem(409, exc.code, exc.detail),
@@ -107,7 +110,7 @@ def error_response(exc: errors.StreamError) -> web.Response:
     if isinstance(exc, StaleProducerEpoch):
         return _with(problem(403, exc.code, exc.detail, **exc.extra), {PRODUCER_EPOCH: str(exc.extra["current_epoch"])})
     if isinstance(exc, DurableConflict):
-        extra: dict[str, Any] = {k: v for k, v in exc.extra.items() if k != "meta"}
+        extra: dict[str, Any] = dict(exc.extra)
         response = problem(409, exc.code, exc.detail, **extra)
         if "expected_seq" in extra:
             response.headers[PRODUCER_EXPECTED_SEQ] = str(extra["expected_seq"])

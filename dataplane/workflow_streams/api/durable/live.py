@@ -1,34 +1,37 @@
-"""Live reads: long-poll and Server-Sent Events, on the same wake hub and read function as our own
-subscriptions. The watcher is registered before the first read, so a commit after that read always
-wakes it, and every wake leads to a fresh read from Postgres (a wake is never the data)."""
+"""Live reads of the protocol: long-poll and Server-Sent Events, on the live-read engine of our own
+subscriptions (``runtime.live``: the wake watch before the first read, a re-read on every wake, the
+fan-out, the stall cut-off and the per-principal cap), framed as the protocol's ``data`` and ``control``
+events."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import datetime as dt
-import json
-import logging
+import functools
 
 from aiohttp import web
 
-from ... import metrics
+from ... import metrics, wire
 from ...domain import durable as rules
+from ...domain.authz import Principal
 from ...domain.errors import StreamError, StreamNotFound
+from ...runtime.live import Delivery
+from ...runtime.reads import SharedPage
 from ...store import durable as store
-from ..state import STREAMING, AppState
-from ..subscribe import OPEN_STREAMS
+from ...store.reads import Page
+from .. import events
+from ..common import client_region_of
+from ..state import AppState
 from . import headers as h
-from .pages import page_response, payloads, read_page, trimmed
-
-log = logging.getLogger(__name__)
+from .pages import PAGE_RECORDS, page_response, within_budget
 
 
 def _now() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
 
 
-def _empty(meta: store.Meta, after: int, cursor: str, closed: bool) -> web.Response:
+def _empty(after: int, cursor: str, closed: bool) -> web.Response:
     """The long-poll timeout (or a closed stream's end): 204, still at the tail."""
     headers = {
         h.NEXT_OFFSET: rules.encode_offset(after),
@@ -41,117 +44,135 @@ def _empty(meta: store.Meta, after: int, cursor: str, closed: bool) -> web.Respo
     return web.Response(status=204, headers=headers)
 
 
-async def long_poll(request: web.Request, app: AppState, meta: store.Meta, after: int) -> web.Response:
+def _same_stream(shared: SharedPage, meta: store.Meta) -> SharedPage:
+    """The stream authorized on ``meta``, not one made again under its name since."""
+    if shared.page.pins_digest != meta.stream.pins_digest:
+        raise StreamNotFound("the stream was deleted and created again")
+    return shared
+
+
+async def long_poll(
+    request: web.Request, app: AppState, principal: Principal, meta: store.Meta, after: int
+) -> web.Response:
     """Answer at once when there are records after ``after`` (or the stream is closed at the tail);
-    otherwise wait for a wake up to the long-poll timeout, then 204."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + app.settings.durable_long_poll_seconds
-    async with app.hub.watch_records(meta.run_id, meta.stream_id) as wake:
-        wake.cursor = after  # the head poller wakes us only when the stream moves past this
+    otherwise wait for a wake up to the long-poll timeout, then 204. Long polls at the same offset share
+    their reads."""
+    live = app.live
+    until = asyncio.get_running_loop().time() + app.settings.durable_long_poll_seconds
+    async with live.watch(principal.name, meta.run_id, meta.stream_id) as wake:
+        shared = await live.next_page(wake, meta.run_id, meta.stream_id, after, PAGE_RECORDS, until)
+    page = _same_stream(shared, meta).page
+    cursor = rules.stream_cursor(_now(), request.query.get("cursor"))
+    if page.records:
+        metrics.READ_RECORDS.inc(len(page.records))
+        return page_response(request, meta, after, page, cursor)
+    return _empty(after, cursor, closed=page.closed)
+
+
+# The records one ``data`` event carries at most (and at least one): a JSON stream's event is one line,
+# and SSE parsers bound their lines (aiohttp's at 512 KiB).
+EVENT_BYTES = 256 * 1024
+
+
+class ProtocolEvents:
+    """The protocol's encoder, for one connection: a page is ``data`` events (a JSON array, text, or
+    base64 of the bytes; up to EVENT_BYTES of records each) and a ``control`` event with the offset after it,
+    whether that is the tail, and the CDN cursor, which never goes backwards within a connection nor
+    below the one the client echoed. The first control comes at once, data or not; a closed stream's
+    last control carries ``streamClosed`` and ends the response."""
+
+    heartbeat = wire.HEARTBEAT
+
+    def __init__(self, content_type: str, echoed_cursor: str | None) -> None:
+        self._content_type = content_type
+        self._echoed = echoed_cursor
+        self._cursor = -1
+        self._closed_sent = False
+
+    def start(self, shared: SharedPage, last: int) -> Delivery:
+        return self._events(shared, last, announce=True)
+
+    def events(self, shared: SharedPage, last: int) -> Delivery:
+        return self._events(shared, last, announce=False)
+
+    def closed(self, last: int) -> bytes:
+        if self._closed_sent:
+            return b""
+        self._closed_sent = True
+        return wire.control_event(rules.encode_offset(last), None, up_to_date=True, closed=True)
+
+    def error(self, exc: StreamError) -> bytes:
+        return wire.protocol_error_event(exc)
+
+    def _events(self, shared: SharedPage, last: int, announce: bool) -> Delivery:
+        """Pairs of a ``data`` event and the ``control`` event after it, up to PAGE_BYTES of records."""
+        page = shared.page
+        records = page.records
+        start = shared.start_after(last)
+        end = start + within_budget(records, start) if start < len(records) else start
+        if start == end and not announce and not (page.closed and last >= page.bounds.latest):
+            return Delivery(b"", 0, last)
+        out: list[bytes] = []
+        position = last
         while True:
-            wake.clear()
-            page = trimmed(await read_page(app, meta, after))
-            cursor = rules.stream_cursor(_now(), request.query.get("cursor"))
-            if page.records:
-                metrics.READ_RECORDS.inc(len(page.records))
-                return page_response(request, meta, after, page, cursor)
-            if page.closed:
-                return _empty(meta, after, cursor, closed=True)
-            remaining = deadline - loop.time()
-            if remaining <= 0 or not await wake.wait(remaining):
-                return _empty(meta, after, cursor, closed=False)
+            count = within_budget(records, start, EVENT_BYTES) if start < end else 0
+            count = min(count, end - start)
+            if count:
+                # one encoding per page and event for every connection of this content type
+                key = (ProtocolEvents, self._content_type, start, count)
+                encode = functools.partial(_data_event, start=start, count=count, content_type=self._content_type)
+                out.append(shared.memo(key, encode))
+                position = records[start + count - 1].sequence
+                start += count
+            up_to_date = position >= page.bounds.latest
+            closed = page.closed and up_to_date
+            self._closed_sent = self._closed_sent or closed
+            out.append(wire.control_event(rules.encode_offset(position), self._next_cursor(), up_to_date, closed))
+            if start >= end:
+                return Delivery(b"".join(out), start - shared.start_after(last), position)
 
-
-class _Cursor:
-    """Control events' cursors never go backwards within a connection, nor below the client's."""
-
-    def __init__(self, echoed: str | None) -> None:
-        self._echoed = echoed
-        self._last = -1
-
-    def next(self) -> str:
-        value = max(int(rules.stream_cursor(_now(), self._echoed)), self._last)
-        self._last = value
+    def _next_cursor(self) -> str:
+        value = max(int(rules.stream_cursor(_now(), self._echoed)), self._cursor)
+        self._cursor = value
         return str(value)
 
 
-async def sse(request: web.Request, app: AppState, meta: store.Meta, after: int) -> web.StreamResponse:
-    """Each page of records is one ``data`` event followed by a ``control`` event with the offset after
-    it; the first control says when the reader is up to date; a closed stream's last control carries
-    ``streamClosed`` and ends the response. Connections end after ``durable_sse_seconds`` so that
-    clients spread over replicas (and CDNs can collapse them); clients resume at the last offset."""
+def _data_event(page: Page, start: int, count: int, content_type: str) -> bytes:
+    return wire.data_event(page.records[start : start + count], content_type)
+
+
+async def sse(
+    request: web.Request, app: AppState, principal: Principal, meta: store.Meta, after: int
+) -> web.StreamResponse:
+    """Server-Sent Events. Connections end after ``durable_sse_seconds`` so that clients spread over
+    replicas (and CDNs can collapse them); clients resume at the last offset they were given."""
     settings = app.settings
-    headers = {
-        "Content-Type": "text/event-stream",
-        "Cache-Control": "no-cache, no-transform",
-        "X-Accel-Buffering": "no",
-    }
+    headers = dict(events.HEADERS)
     if rules.sse_base64(meta.content_type):
         headers[h.SSE_ENCODING] = "base64"
-    response = web.StreamResponse(status=200, headers=headers)
-    loop = asyncio.get_running_loop()
-    ends_at = loop.time() + settings.durable_sse_seconds
-    cursors = _Cursor(request.query.get("cursor"))
-    announced = False
-    async with app.hub.watch_records(meta.run_id, meta.stream_id) as wake:
-        while True:
-            wake.cursor = after  # the head poller wakes us only when the stream moves past this
-            wake.clear()
-            try:
-                page = trimmed(await read_page(app, meta, after))
-            except StreamError as exc:
-                if not response.prepared:
-                    raise  # before the first byte, the error is an ordinary response
-                if not isinstance(exc, StreamNotFound):  # a deleted stream just ends
-                    await _write(response, rules.sse_event("error", json.dumps({"code": exc.code, **_safe(exc)})))
-                break
-            if not response.prepared:
-                request[STREAMING] = True
-                await response.prepare(request)
-                task = asyncio.current_task()
-                if task is not None:  # ended on shutdown like our own subscriptions: clients resume elsewhere
-                    request.config_dict[OPEN_STREAMS].add(task)
-            next_after = page.next_after if page.next_after is not None else after
-            up_to_date = next_after >= page.bounds.latest
-            closed = page.closed and up_to_date
-            events = b""
-            if page.records:
-                metrics.READ_RECORDS.inc(len(page.records))
-                text = rules.sse_data(payloads(page, meta.content_type), meta.content_type)
-                events += rules.sse_event("data", text)
-            if page.records or closed or not announced:
-                body = rules.control(rules.encode_offset(next_after), cursors.next(), up_to_date, closed)
-                events += rules.sse_event("control", json.dumps(body, separators=(",", ":")))
-                announced = True
-            after = next_after
-            if events and not await _write(response, events):
-                break
-            if closed:
-                break
-            if not up_to_date:
-                continue  # more pages are waiting: no need for a wake
-            remaining = ends_at - loop.time()
-            if remaining <= 0:
-                break
-            woken = await wake.wait(min(remaining, settings.sse_heartbeat_seconds))
-            # idle: a comment keeps proxies from timing the connection out, and the loop re-reads
-            # anyway, so a lost wake costs one heartbeat of latency at most
-            if not woken and not await _write(response, b": heartbeat\n\n"):
-                break
-    if response.prepared:
+    live = app.live
+    ends_at = asyncio.get_running_loop().time() + settings.durable_sse_seconds
+    async with live.watch(principal.name, meta.run_id, meta.stream_id) as wake:
+        shared = await live.first_page(
+            meta.run_id, meta.stream_id, after, PAGE_RECORDS, principal, "subscribe", client_region_of(request)
+        )
+        _same_stream(shared, meta)
+        encoder = ProtocolEvents(meta.content_type, request.query.get("cursor"))
+        backfill = encoder.start(shared, after)
+        response = await events.start(request, headers, backfill.chunk)
+        await live.follow(
+            response,
+            encoder,
+            meta.run_id,
+            meta.stream_id,
+            wake,
+            shared,
+            backfill,
+            limit=PAGE_RECORDS,
+            ends_at=ends_at,
+            heartbeat=settings.sse_heartbeat_seconds,
+        )
+    if not response.stalled:
         with contextlib.suppress(ConnectionError):
             await response.write_eof()
     return response
-
-
-def _safe(exc: StreamError) -> dict[str, object]:
-    return {k: v for k, v in exc.extra.items() if isinstance(v, (int, str, bool))}
-
-
-async def _write(response: web.StreamResponse, data: bytes) -> bool:
-    """False once the client has gone."""
-    try:
-        await response.write(data)
-    except ConnectionError:
-        return False
-    return True

@@ -1,7 +1,8 @@
 """The protocol's operations on ``/v1/stream/<name>``: PUT creates, HEAD reports, GET reads (catch-up,
 long-poll, SSE), POST appends and closes, DELETE removes. Thin: rules live in ``domain.durable``, SQL in
-``store.durable``; appends go through the shared append path and reads through the shared read
-functions, so credit, wakes and the cursor rule are the same as on our own API."""
+``store.durable`` (on the one stream loader, which checks the caller's rights); appends go through the
+shared append path, live reads through the live-read engine, and what a store entry point changed is
+published by ``runtime.publish``, so credit, wakes, rights and the cursor rule are our own API's."""
 
 from __future__ import annotations
 
@@ -11,21 +12,21 @@ from aiohttp import web
 
 from ... import metrics
 from ...domain import durable as rules
-from ...domain.authz import Action, Principal, may_see, require
+from ...domain.authz import Action, Principal
 from ...domain.durable_pins import default_template, pins_for
-from ...domain.errors import Forbidden, InvalidInput, StreamClosed, StreamNotFound
+from ...domain.errors import InvalidInput, StreamClosed
 from ...domain.pins import StreamPins
-from ...domain.placement import check_egress
 from ...domain.records import RecordIn
 from ...runtime import group_commit
+from ...runtime.publish import committed
+from ...runtime.reads import read_page
 from ...store import durable as store
 from ...store.appends import AppendRequest
 from ..common import client_region_of, read_body
-from ..problems import NOT_VISIBLE, problem
 from ..state import AppState, principal_of, state_of
 from . import headers as h
 from . import live
-from .pages import page_response, read_page, trimmed
+from .pages import PAGE_RECORDS, page_response
 
 STREAM_PATH = "/v1/stream/{name:.+}"
 ANONYMOUS = Principal("anonymous")
@@ -53,21 +54,6 @@ async def _call(request: web.Request) -> Call:
     return Call(app, principal, run_id, stream_id)
 
 
-def _authorize(call: Call, meta: store.Meta, action: Action, request: web.Request | None = None) -> None:
-    """A caller without the right learns nothing: the stream answers 404 as if it did not exist."""
-    require(meta.pins.authorization, call.principal, action)
-    if request is not None:
-        check_egress(meta.pins, client_region_of(request))
-
-
-def _records(meta_content_type: str, body: bytes, allow_empty: bool) -> list[RecordIn]:
-    if rules.is_json_mode(meta_content_type):
-        messages = rules.json_messages(body, allow_empty)
-    else:
-        messages = rules.byte_chunks(body)
-    return [RecordIn(content_type=meta_content_type, payload=m) for m in messages]
-
-
 def _stream_headers(meta: store.Meta) -> dict[str, str]:
     headers = {"Content-Type": meta.content_type}
     ttl = meta.lifetime.remaining_ttl(meta.accessed_at, meta.now)
@@ -76,11 +62,6 @@ def _stream_headers(meta: store.Meta) -> dict[str, str]:
     if meta.lifetime.expires_at is not None:
         headers[h.EXPIRES_AT] = rules.format_rfc3339(meta.lifetime.expires_at)
     return headers
-
-
-def _not_visible() -> web.Response:
-    """PUT of a stream this caller may not see: 403 as on our own API's create (elsewhere 404)."""
-    return problem(403, "forbidden", NOT_VISIBLE)
 
 
 async def options(request: web.Request) -> web.Response:
@@ -104,19 +85,17 @@ async def put(request: web.Request) -> web.Response:
     if fork is not None:
         return await _fork(request, call, fork, pins, lifetime, closed, body)
     content_type = rules.check_content_type(request.headers.get("Content-Type") or rules.DEFAULT_CONTENT_TYPE)
-    initial = _records(content_type, body, allow_empty=True) if body else []
+    initial = rules.records(content_type, body, allow_empty=True) if body else []
     async with call.app.pool.acquire() as conn:
         await store.sweep_expired(conn)
-        try:
-            created = await store.create(
-                conn, call.run_id, call.stream_id, pins, call.principal, content_type, lifetime, closed, initial
-            )
-        except rules.ConfigConflict as exc:
-            existing: store.Meta = exc.extra["meta"]
-            if not may_see(existing.pins.authorization, call.principal):
-                return _not_visible()
-            raise
-    return _created(request, call, created)
+    created = await committed(
+        call.app.pool,
+        call.app.hub,
+        lambda conn: store.create(
+            conn, call.run_id, call.stream_id, pins, call.principal, content_type, lifetime, closed, initial
+        ),
+    )
+    return _created(request, created)
 
 
 async def _fork(
@@ -130,16 +109,12 @@ async def _fork(
 ) -> web.Response:
     """PUT with ``Stream-Forked-From``: a new stream that starts as a copy of another's records."""
     source_key = rules.stream_key(fork.source, call.app.settings.durable_run_id)
-    async with call.app.pool.acquire() as conn:
-        source = await store.fetch(conn, *source_key)
-    if source is None:
-        raise StreamNotFound("the fork's source does not exist")
-    _authorize(call, source, "read", request)  # a fork copies the source: who may not read it may not fork it
     named = request.headers.get("Content-Type")
     content_type = rules.check_content_type(named) if named else None
-    initial = _records(content_type or source.content_type, body, allow_empty=True) if body else []
-    async with call.app.pool.acquire() as conn:
-        created = await store.fork(
+    created = await committed(
+        call.app.pool,
+        call.app.hub,
+        lambda conn: store.fork(
             conn,
             call.run_id,
             call.stream_id,
@@ -147,20 +122,19 @@ async def _fork(
             fork,
             pins,
             call.principal,
+            client_region_of(request),
             content_type,
             lifetime,
             closed,
-            initial,
-        )
-    return _created(request, call, created)
+            body,
+        ),
+    )
+    return _created(request, created)
 
 
-def _created(request: web.Request, call: Call, created: store.Created) -> web.Response:
-    """201 for a stream made now, 200 for the same one found again (to who may see it)."""
-    call.app.hub.publish(created.signals)  # committed
+def _created(request: web.Request, created: store.Created) -> web.Response:
+    """201 for a stream made now, 200 for the same one found again."""
     meta = created.meta
-    if not created.created and not may_see(meta.pins.authorization, call.principal):
-        return _not_visible()
     headers = {**_stream_headers(meta), h.NEXT_OFFSET: rules.encode_offset(meta.last_sequence)}
     if meta.closed:
         headers[h.CLOSED] = "true"
@@ -172,8 +146,7 @@ def _created(request: web.Request, call: Call, created: store.Created) -> web.Re
 async def head(request: web.Request) -> web.Response:
     call = await _call(request)
     async with call.app.pool.acquire() as conn:
-        meta = await store.load(conn, call.run_id, call.stream_id)
-    _authorize(call, meta, "read")
+        meta = await store.load(conn, call.run_id, call.stream_id, caller=call.principal, right="read")
     headers = {
         **_stream_headers(meta),
         h.NEXT_OFFSET: rules.encode_offset(meta.last_sequence),
@@ -188,15 +161,9 @@ async def head(request: web.Request) -> web.Response:
 
 async def delete(request: web.Request) -> web.Response:
     call = await _call(request)
-    async with call.app.pool.acquire() as conn:
-        meta = await store.load(conn, call.run_id, call.stream_id)
-        # deleting ends the stream for everyone: the right that ends streams
-        _authorize(call, meta, "close")
-        if not meta.created_here:
-            raise web.HTTPMethodNotAllowed(
-                "DELETE", ["GET", "HEAD", "POST", "PUT"], reason="streams of our own API are not deleted here"
-            )
-        await store.delete(conn, meta)
+    await committed(
+        call.app.pool, call.app.hub, lambda conn: store.delete(conn, call.run_id, call.stream_id, call.principal)
+    )
     return web.Response(status=204)
 
 
@@ -208,18 +175,33 @@ async def get(request: web.Request) -> web.StreamResponse:
         raise InvalidInput("live must be long-poll or sse", field="live")
     if mode is not None and "offset" not in request.query:
         raise InvalidInput(f"live={mode} needs an offset", field="offset")
+    right: Action = "read" if mode is None else "subscribe"
+    region = client_region_of(request)
     async with call.app.pool.acquire() as conn:
-        meta = await store.load(conn, call.run_id, call.stream_id)
-        _authorize(call, meta, "read" if mode is None else "subscribe", request)
+        meta = await store.load(
+            conn, call.run_id, call.stream_id, caller=call.principal, right=right, client_region=region
+        )
         await store.touch(conn, meta)
     after = offset.resolve(meta.earliest_sequence, meta.last_sequence)
     if mode == "long-poll":
-        return await live.long_poll(request, call.app, meta, after)
+        return await live.long_poll(request, call.app, call.principal, meta, after)
     if mode == "sse":
-        return await live.sse(request, call.app, meta, after)
+        return await live.sse(request, call.app, call.principal, meta, after)
     if offset.is_now:
         return _now(meta)
-    page = trimmed(await read_page(call.app, meta, after))
+    app = call.app
+    # the read checks the caller again: the stream may have been made again under its name since
+    page = await read_page(
+        app.pool,
+        app.durability,
+        call.run_id,
+        call.stream_id,
+        after,
+        PAGE_RECORDS,
+        caller=call.principal,
+        right=right,
+        client_region=region,
+    )
     metrics.READ_RECORDS.inc(len(page.records))
     return page_response(request, meta, after, page)
 
@@ -249,9 +231,7 @@ async def post(request: web.Request) -> web.Response:
     if body and not content_type:
         raise InvalidInput("an append needs a Content-Type", field="Content-Type")
     async with call.app.pool.acquire() as conn:
-        meta = await store.load(conn, call.run_id, call.stream_id)
-    if not may_see(meta.pins.authorization, call.principal):
-        raise Forbidden("not visible")
+        meta = await store.load(conn, call.run_id, call.stream_id, caller=call.principal)
     # a closed stream answers that first, whatever else is wrong with the request (the locked path
     # decides again; this only orders the errors as the protocol does)
     retry_of_close = producer is not None and meta.closed_by == producer
@@ -265,7 +245,7 @@ async def post(request: web.Request) -> web.Response:
                 f"the stream's content type is {meta.content_type}, not {content_type}",
                 stream_content_type=meta.content_type,
             )
-        records = _records(meta.content_type, body, allow_empty=False)
+        records = rules.records(meta.content_type, body, allow_empty=False)
     plan = store.AppendPlan(records, content_type, producer, stream_seq, closing)
     outcome = await _append(call, meta, plan)
     return _appended(outcome, producer, wrote=bool(records))
@@ -284,17 +264,16 @@ async def _append(call: Call, meta: store.Meta, plan: store.AppendPlan) -> store
         if meta.lifetime.ttl_seconds is not None:
             async with app.pool.acquire() as conn:
                 await store.touch(conn, meta)
-        return store.AppendOutcome(result.last_sequence, False, False, None, [])
+        return store.AppendOutcome(result.last_sequence, False, False, None)
 
     async def attempt() -> store.AppendOutcome:
-        async with app.pool.acquire() as conn:
-            return await store.append_guarded(conn, run_id, stream_id, plan, call.principal)
+        return await committed(
+            app.pool, app.hub, lambda conn: store.append_guarded(conn, run_id, stream_id, plan, call.principal)
+        )
 
     # the producer, Stream-Seq and close decisions need the append's own transaction; credit waits
     # are the shared ones
-    outcome = await group_commit.with_credit_wait(app.hub, run_id, stream_id, attempt)
-    app.hub.publish(outcome.signals)  # committed
-    return outcome
+    return await group_commit.with_credit_wait(app.hub, run_id, stream_id, attempt)
 
 
 def _appended(outcome: store.AppendOutcome, producer: rules.Producer | None, wrote: bool) -> web.Response:
