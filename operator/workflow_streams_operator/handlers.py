@@ -73,8 +73,8 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: kopf
     memo.hold_changes = collections.defaultdict(asyncio.Event)
     if config.metrics_port:
         prometheus_client.start_http_server(config.metrics_port)
-    # Kopf peers once this returns: replicas started before the peering object must see each other in it
-    await peering.wait_for_peering(config, settings, logger)
+    # Kopf peers once this returns: the peering object must exist by then for replicas to see each other
+    await peering.ensure_peering(config, settings, logger)
     logger.info("operator ready: %d object regions", len(regions))
 
 
