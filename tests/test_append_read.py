@@ -46,8 +46,11 @@ async def test_cursor_errors(api: StreamsApi) -> None:
     assert body["latest"] == 2
     for bad in ("-1", "abc", "1.5", "99999999999999999999", "0x10", " 1"):
         await problem(await api.read("r", "s", after=bad), 400, "invalid_input")
-    for bad in ("0", "1001", "-3"):
+    for bad in ("0", "100001", "-3"):
         await problem(await api.read("r", "s", limit=bad), 400, "invalid_input")
+    for bad in ("0", str(16 * 1024 * 1024 + 1), "1e3"):
+        url = api.url("r", "s", "/records")
+        await problem(await api.client.get(url, params={"max_bytes": bad}, headers=api.headers), 400, "invalid_input")
     await problem(await api.read("r", "missing"), 403, "forbidden")
 
 

@@ -6,6 +6,7 @@
 //	wfs-loadgen sse    -url ... -token T -run r -streams 1000 -subscribers 10000 -rate 100 -duration 10s
 //	wfs-loadgen read   -url ... -token T -run r -streams 1000000 -conns 8 -after 5 -duration 10s
 //	wfs-loadgen create -url ... -token T -run r -streams 1000 -create '{"direction": ...}'
+//	wfs-loadgen catchup -surface api|ds|sse|ds-sse -url ... -token T -run r -stream s -until 200000
 //
 // Each subcommand writes "phase: <name>" lines to stderr as it moves between phases (append, read:
 // warming, measuring, measured; sse: connecting, appending, draining, done), so a caller can sample
@@ -36,6 +37,8 @@ func main() {
 		err = runSSE(os.Args[2:])
 	case "create":
 		err = runCreate(os.Args[2:])
+	case "catchup":
+		err = runCatchup(os.Args[2:])
 	default:
 		usage()
 	}
@@ -63,7 +66,7 @@ func runCreate(args []string) error {
 }
 
 func usage() {
-	fmt.Fprintln(os.Stderr, "usage: wfs-loadgen append|read|sse|create [flags] (-h for the flags of each)")
+	fmt.Fprintln(os.Stderr, "usage: wfs-loadgen append|read|sse|create|catchup [flags] (-h for the flags of each)")
 	os.Exit(2)
 }
 

@@ -9,6 +9,7 @@ as stored (never decoded and re-encoded), and an SSE page is encoded once for al
 from __future__ import annotations
 
 import base64
+import datetime as dt
 import json
 import re
 from collections.abc import Sequence
@@ -26,7 +27,7 @@ def record_json(record: StoredRecord) -> dict[str, Any]:
         "kind": record.kind,
         "content_type": record.content_type,
         "size": record.size_bytes,
-        "appended_at": record.appended_at.isoformat(),
+        "appended_at": timestamp(record.appended_at),
     }
     if record.kind == "object":
         out["object"] = record.object
@@ -38,6 +39,14 @@ def record_json(record: StoredRecord) -> dict[str, Any]:
     else:
         out["data_base64"] = base64.b64encode(payload).decode()
     return out
+
+
+def timestamp(at: dt.datetime) -> str:
+    """RFC 3339 in UTC as Postgres writes a timestamp in JSON (``store.bodies`` assembles records there):
+    fractional seconds without trailing zeros, none when whole."""
+    text = at.astimezone(dt.UTC).isoformat(timespec="microseconds")  # 2026-12-07T08:18:50.282460+00:00
+    fraction = text[20:26].rstrip("0")
+    return f"{text[:19]}.{fraction}+00:00" if fraction else f"{text[:19]}+00:00"
 
 
 _CONTENT_TYPES: dict[str, bytes] = {}
@@ -53,10 +62,11 @@ def record_bytes(record: StoredRecord) -> bytes:
         if len(_CONTENT_TYPES) < 1000:
             _CONTENT_TYPES[content_type] = quoted
     kind = record.kind
+    appended_at = timestamp(record.appended_at)
     head = (
         f'{{"sequence":{record.sequence},"kind":"{kind}","content_type":'.encode()
         + quoted
-        + f',"size":{record.size_bytes},"appended_at":"{record.appended_at.isoformat()}"'.encode()
+        + f',"size":{record.size_bytes},"appended_at":"{appended_at}"'.encode()
     )
     if kind == "object":
         return head + b',"object":' + json.dumps(record.object, separators=(",", ":")).encode() + b"}"
@@ -67,13 +77,14 @@ def record_bytes(record: StoredRecord) -> bytes:
     return head + b',"data_base64":"' + base64.b64encode(payload) + b'"}'
 
 
-def page_bytes(records: Sequence[StoredRecord], next_after: int, bounds: Bounds, closed: bool) -> bytes:
-    """The read response body."""
+def page_body(records: bytes, next_after: int, bounds: Bounds, closed: bool) -> bytes:
+    """The read response body around its records: ``record_bytes`` of each, joined by commas
+    (``store.bodies`` assembles them in Postgres)."""
     tail = (
         f'],"next_after":{next_after},"earliest":{bounds.earliest},"latest":{bounds.latest},'
         f'"closed":{"true" if closed else "false"}}}'
     )
-    return b'{"records":[' + b",".join(record_bytes(r) for r in records) + tail.encode()
+    return b'{"records":[' + records + tail.encode()
 
 
 def append_bytes(first_sequence: int, last_sequence: int) -> bytes:

@@ -19,6 +19,7 @@ from ..domain.pins import StreamPins
 from ..domain.records import INLINE_LIMIT, MAX_BATCH
 from ..domain.strictjson import MAX_DEPTH
 from .problems import codes
+from .streams import DEFAULT_READ_BYTES, MAX_READ_BYTES, MAX_READ_RECORDS
 
 OPENAPI_VERSION = "3.1.0"
 ID = {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"}
@@ -163,6 +164,18 @@ LIMIT = {
     "in": "query",
     "description": "page size (default 100)",
     "schema": {"type": "integer", "minimum": 1, "maximum": 1000},
+}
+RECORDS_LIMIT = {
+    "name": "limit",
+    "in": "query",
+    "description": "the most records a page holds (default 100); a reader catching up asks for many",
+    "schema": {"type": "integer", "minimum": 1, "maximum": MAX_READ_RECORDS},
+}
+MAX_BYTES = {
+    "name": "max_bytes",
+    "in": "query",
+    "description": "about the most bytes of records a page holds (their stored sizes; at least one record)",
+    "schema": {"type": "integer", "minimum": 1, "maximum": MAX_READ_BYTES, "default": DEFAULT_READ_BYTES},
 }
 LIST_AFTER = {
     "name": "after",
@@ -616,7 +629,7 @@ def document() -> dict[str, Any]:
                 "Records with sequence > after, ascending",
                 "`after` past `latest` is `400 future_cursor`; if retention removed `after + 1`, "
                 "`410 cursor_expired`: resync from `earliest`.",
-                [*STREAM_PARAMS, AFTER, LIMIT],
+                [*STREAM_PARAMS, AFTER, RECORDS_LIMIT, MAX_BYTES],
                 {
                     **_ok("200", _ref("Page"), "a page of records"),
                     **_problems(*ON_STREAM, "placement_violation", "future_cursor", "cursor_expired"),

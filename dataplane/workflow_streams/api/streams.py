@@ -16,7 +16,7 @@ from ..domain.records import parse_append_body
 from ..holds import apply_legal_hold
 from ..runtime.group_commit import append_records
 from ..runtime.publish import committed
-from ..runtime.reads import read_page
+from ..runtime.reads import read_body
 from ..store import consumers, definitions, deliveries, streams
 from ..store.appends import AppendRequest
 from .common import (
@@ -35,6 +35,10 @@ routes = web.RouteTableDef()
 
 DEFAULT_LIMIT = 100
 MAX_LIMIT = 1000
+# a read's page: records (``limit``) and about this many bytes of them (``max_bytes``)
+MAX_READ_RECORDS = 100_000
+DEFAULT_READ_BYTES = 1024 * 1024
+MAX_READ_BYTES = 16 * 1024 * 1024
 
 _REPLAYED_HEADERS = {**JSON_HEADERS, "Idempotent-Replayed": "true"}
 
@@ -51,12 +55,16 @@ async def _input_stream(
         )
 
 
-def _limit(request: web.Request) -> int:
-    text = request.query.get("limit")
+def _limit(request: web.Request, maximum: int = MAX_LIMIT) -> int:
+    return _count(request, "limit", DEFAULT_LIMIT, maximum)
+
+
+def _count(request: web.Request, name: str, default: int, maximum: int) -> int:
+    text = request.query.get(name)
     if text is None:
-        return DEFAULT_LIMIT
-    if not text.isascii() or not text.isdigit() or not 1 <= int(text) <= MAX_LIMIT:
-        raise InvalidInput(f"limit must be an integer from 1 to {MAX_LIMIT}", field="limit")
+        return default
+    if not text.isascii() or not text.isdigit() or len(text) > 10 or not 1 <= int(text) <= maximum:
+        raise InvalidInput(f"{name} must be an integer from 1 to {maximum}", field=name)
     return int(text)
 
 
@@ -90,21 +98,22 @@ async def read(request: web.Request) -> web.Response:
     principal = await principal_of(request)
     run_id, stream_id = stream_key(request)
     after = parse_cursor(request.query.get("after"))
-    limit = _limit(request)
-    page = await read_page(
+    # the page comes assembled by Postgres (store.bodies): a reader catching up asks for large ones
+    body = await read_body(
         app.pool,
         app.durability,
         run_id,
         stream_id,
         after,
-        limit,
+        "records",
+        max_records=_limit(request, MAX_READ_RECORDS),
+        max_bytes=_count(request, "max_bytes", DEFAULT_READ_BYTES, MAX_READ_BYTES),
         caller=principal,
         client_region=client_region_of(request),
     )
-    metrics.READ_RECORDS.inc(len(page.records))
-    next_after = page.next_after if page.next_after is not None else after
-    body = wire.page_bytes(page.records, next_after, page.bounds, page.closed)
-    return compressible(web.Response(body=body, headers=JSON_HEADERS))
+    metrics.READ_RECORDS.inc(len(body.values))
+    data = wire.page_body(body.joined(), body.next_after, body.bounds, body.closed)
+    return compressible(web.Response(body=data, headers=JSON_HEADERS))
 
 
 @routes.post("/runs/{run_id}/streams")

@@ -14,6 +14,7 @@ from ..domain.cursor import parse_cursor
 from ..domain.errors import InvalidInput, StreamError
 from ..runtime.live import Delivery
 from ..runtime.reads import SharedPage
+from ..store.bodies import Body, Form
 from ..store.reads import Page
 from . import events
 from .common import STREAM, client_region_of, stream_key
@@ -38,6 +39,7 @@ class RecordEvents:
     back), a ``close`` event once a closed stream is drained, an ``error`` event when it ends early."""
 
     heartbeat = wire.HEARTBEAT
+    form: Form = "events"
 
     def start(self, shared: SharedPage, last: int) -> Delivery:
         chunk, count, new_last = self.events(shared, last)
@@ -53,6 +55,9 @@ class RecordEvents:
             shared.memo((RecordEvents, "all"), lambda _: b"".join(events)) if start == 0 else b"".join(events[start:])
         )
         return Delivery(chunk, count, shared.page.records[-1].sequence)
+
+    def body(self, body: Body, last: int) -> Delivery:
+        return Delivery(body.joined(), len(body.values), body.next_after)
 
     def closed(self, last: int) -> bytes:
         return wire.close_event(last)

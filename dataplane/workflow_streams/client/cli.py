@@ -23,7 +23,7 @@ import aiohttp
 import yaml
 from tqdm import tqdm
 
-from .client import PREFIX, StreamsClient
+from .client import CATCH_UP_RECORDS, PREFIX, StreamsClient
 from .errors import ProblemError
 from .kube import HoldPending, KubeClient
 from .models import Page, Record
@@ -116,7 +116,7 @@ def add_commands(sub: Any) -> None:
     where = read.add_mutually_exclusive_group()
     where.add_argument("--after", type=int, default=0, help="records after this sequence (default 0)")
     where.add_argument("--last", type=int, metavar="N", help="the last N records")
-    read.add_argument("--limit", type=int, default=100, help="at most this many records (1-1000, default 100)")
+    read.add_argument("--limit", type=int, default=100, help="at most this many records (1-100000, default 100; about 1 MiB of them)")
 
     tail = command(
         "tail",
@@ -367,8 +367,8 @@ async def _ls(args: argparse.Namespace) -> None:
 
 
 async def _read(args: argparse.Namespace) -> None:
-    if not 1 <= args.limit <= 1000:
-        raise UsageError("invalid_argument", "--limit must be 1-1000")
+    if not 1 <= args.limit <= CATCH_UP_RECORDS:
+        raise UsageError("invalid_argument", f"--limit must be 1-{CATCH_UP_RECORDS}")
     async with _client(args) as client:
         if args.last is not None:
             if args.last < 1:

@@ -24,6 +24,9 @@ from .sse import Event, iter_events
 
 log = logging.getLogger(__name__)
 PREFIX = "/api/workflow-streams"
+# the pages a catch-up asks for: as many records as the server gives (about 4 MiB of them)
+CATCH_UP_RECORDS = 100_000
+CATCH_UP_BYTES = 4 * 1024 * 1024
 _RETRYABLE = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError)
 # statuses worth waiting for: the same request may succeed later
 TRANSIENT_STATUSES = frozenset({408, 425, 429, 502, 503, 504})
@@ -200,11 +203,16 @@ class StreamsClient:
         )
         return AppendResult(result["first_sequence"], result["last_sequence"], replayed=status == 200)
 
-    async def read(self, run_id: str, stream_id: str, after: int = 0, limit: int = 100) -> Page:
-        """One page of records with sequence > after. A pruned cursor raises CursorExpiredError."""
-        body = await self._checked(
-            "GET", self._url(run_id, stream_id, "/records"), params={"after": str(after), "limit": str(limit)}
-        )
+    async def read(
+        self, run_id: str, stream_id: str, after: int = 0, limit: int = 100, max_bytes: int | None = None
+    ) -> Page:
+        """One page of records with sequence > after: at most ``limit`` records (up to 100,000) and about
+        ``max_bytes`` of them (the server's default 1 MiB, up to 16 MiB). A pruned cursor raises
+        CursorExpiredError."""
+        params = {"after": str(after), "limit": str(limit)}
+        if max_bytes is not None:
+            params["max_bytes"] = str(max_bytes)
+        body = await self._checked("GET", self._url(run_id, stream_id, "/records"), params=params)
         return Page(
             records=[Record.from_json(r) for r in body["records"]],
             next_after=body["next_after"],
@@ -216,9 +224,10 @@ class StreamsClient:
     async def iter_records(
         self, run_id: str, stream_id: str, after: int = 0, progress: Callable[[Page], None] | None = None
     ) -> AsyncIterator[Record]:
-        """Every record after ``after`` up to the latest now (catch-up), page by page."""
+        """Every record after ``after`` up to the latest now (catch-up), in large pages: the server
+        assembles them in Postgres, so a reader that fell behind reads at the store's speed."""
         while True:
-            page = await self.read(run_id, stream_id, after, limit=1000)
+            page = await self.read(run_id, stream_id, after, limit=CATCH_UP_RECORDS, max_bytes=CATCH_UP_BYTES)
             if progress is not None:
                 progress(page)
             for record in page.records:
@@ -281,7 +290,7 @@ class StreamsClient:
         """The last ``count`` records (fewer if retention removed the older ones)."""
         state = (await self.get_stream(run_id, stream_id))["state"]
         after = max(state["last_sequence"] - count, state["earliest_sequence"] - 1, 0)
-        return await self.read(run_id, stream_id, after, limit=max(1, min(count, 1000)))
+        return await self.read(run_id, stream_id, after, limit=max(1, min(count, CATCH_UP_RECORDS)))
 
     # input delivery
 

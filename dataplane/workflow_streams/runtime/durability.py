@@ -39,17 +39,21 @@ import dataclasses
 import logging
 import random
 from collections.abc import Iterable, Mapping, Sequence
+from typing import TypeVar
 
 from tenacity import AsyncRetrying, retry_if_exception_type
 
 from .. import metrics
-from ..domain.cursor import Bounds
 from ..domain.errors import StreamError
 from ..domain.wakes import RECORDS, Signal
 from ..store import wal
+from ..store.bodies import Body
 from ..store.db import DB_UNAVAILABLE, Pool
 from ..store.reads import Page
 from .retries import BACKOFF
+
+# what a read returns: records as rows (a live page) or in their wire form (a catch-up body)
+Read = TypeVar("Read", Page, Body)
 
 log = logging.getLogger(__name__)
 
@@ -182,54 +186,49 @@ class Durability:
         self.note(run_id, stream_id, through, timeline)
         return True
 
-    def unconfirmed(self, pages: Sequence[tuple[StreamKey, Page | StreamError]]) -> bool:
+    def unconfirmed(self, pages: Sequence[tuple[StreamKey, Read | StreamError]]) -> bool:
         """Whether any of ``pages`` holds a record not yet known durable."""
-        return any(self._needs(key, page) for key, page in pages if isinstance(page, Page))
+        return any(self._needs(key, page) for key, page in pages if not isinstance(page, StreamError))
 
     async def confirmed(
-        self, pages: Sequence[tuple[StreamKey, Page | StreamError]], read_at: int, until: float
-    ) -> list[Page | StreamError]:
+        self, pages: Sequence[tuple[StreamKey, Read | StreamError]], read_at: int, until: float
+    ) -> list[Read | StreamError]:
         """``pages`` (or the errors read instead), read together (one statement) and ended at tick
         ``read_at``, as they may be served: whole once confirmed, else each only up to what is known
         durable of its stream. An error is what it was: the stream's row said so, not its records."""
         if not self.unconfirmed(pages):
             return [page for _, page in pages]
-        timeline = next(page.timeline for _, page in pages if isinstance(page, Page))
+        timeline = next(page.timeline for _, page in pages if not isinstance(page, StreamError))
         if await self.confirm(read_at, timeline, until):
             for (run_id, stream_id), page in pages:
-                if isinstance(page, Page):
+                if not isinstance(page, StreamError):
                     self.note(run_id, stream_id, page.bounds.latest, timeline)
             return [page for _, page in pages]
         return [
-            self._prefix(key, page) if isinstance(page, Page) and self._needs(key, page) else page
+            self._prefix(key, page) if not isinstance(page, StreamError) and self._needs(key, page) else page
             for key, page in pages
         ]
 
-    def _needs(self, key: StreamKey, page: Page) -> bool:
+    def _needs(self, key: StreamKey, page: Page | Body) -> bool:
         self._see(page.timeline)
         if page.timeline < self._timeline:
-            return bool(page.records)  # read on a replaced primary: nothing of it is known
+            return page.last_sequence is not None  # read on a replaced primary: nothing of it is known
         known = self._through.get(key, 0)
         if page.bounds.latest < known:
             # sequences never go back within a stream: this one was made again under the same name
             self.forget(*key)
             known = 0
-        return bool(page.records) and page.records[-1].sequence > known
+        last = page.last_sequence
+        return last is not None and last > known
 
-    def _prefix(self, key: StreamKey, page: Page) -> Page:
+    def _prefix(self, key: StreamKey, page: Read) -> Read:
         """What of ``page`` may be served unconfirmed: what is known durable, and nothing of a read on a
         replaced primary (its sequences may hold other records now)."""
         known = self.known(*key) if page.timeline == self._timeline else 0
-        served = [r for r in page.records if r.sequence <= known]
-        held = len(page.records) - len(served)
+        served, held = page.held_back(known)
         metrics.DURABILITY_HELD_BACK.inc(held)
         log.warning("%s/%s: %d records read but not confirmed durable in time; held back", *key, held)
-        # the head as far as it is known durable (never below the reader's own cursor), and not closed:
-        # the close may lie beyond what is served
-        start = served[-1].sequence if served else page.records[0].sequence - 1
-        latest = max(min(page.bounds.latest, known), start)
-        bounds = Bounds(earliest=page.bounds.earliest, latest=latest)
-        return dataclasses.replace(page, records=served, bounds=bounds, closed=False)
+        return served
 
     async def _barriers(self) -> None:
         """Barrier commits, one after the other, while reads wait for one; a lost database is tried again

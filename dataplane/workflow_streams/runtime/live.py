@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Iterator
-from typing import NamedTuple, Protocol
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from typing import NamedTuple, Protocol, TypeVar
 
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type
 
@@ -30,18 +31,24 @@ from .. import metrics
 from ..domain.authz import Action, Caller
 from ..domain.errors import StreamError, StreamNotFound, TooManySubscriptions
 from ..store import db, gaps, streams
+from ..store.bodies import Body, Form
 from ..store.db import DB_UNAVAILABLE
 from .durability import Durability
 from .fanout import Fanout
-from .reads import SharedPage, SharedReads, read_page
+from .reads import SharedPage, SharedReads, read_body, read_page
 from .retries import BACKOFF
 from .supervisor import Supervisor
 from .wakes import Wake, WakeHub
 
 log = logging.getLogger(__name__)
 
-# Records per read of a follower's fan-out: a live page is what one wake brought, rarely more.
+R = TypeVar("R")
+
+# Records per read of a follower's fan-out: a live page is what one wake brought, rarely more. A reader
+# further behind than this reads catch-up bodies (store.bodies) of up to CATCH_UP_BYTES instead.
 FOLLOW_PAGE = 500
+CATCH_UP_RECORDS = 100_000
+CATCH_UP_BYTES = 4 * 1024 * 1024
 # A connection whose pending write has not finished within this time is cut off; it resumes from the
 # last position it was given (Last-Event-ID, or the protocol's offset). Read each round, so a test can
 # shorten it.
@@ -62,6 +69,11 @@ class Encoder(Protocol):
     protocol's cursor). Encodings shared by every connection go in ``SharedPage.memo``."""
 
     heartbeat: bytes
+    # the form a catch-up body of this surface is assembled in (store.bodies)
+    form: Form
+
+    def body(self, body: Body, last: int) -> Delivery:
+        """A catch-up body's records (all of them: the body is sized for one write)."""
 
     def start(self, shared: SharedPage, last: int) -> Delivery:
         """The first bytes of the response: the backfill after ``last``, and what the protocol says first."""
@@ -280,15 +292,15 @@ class Live:
         resumes (maybe on another replica). Returns the last position given."""
         pins_digest = shared.page.pins_digest
         last = backfill.last
+        latest, closed = shared.page.bounds.latest, shared.page.closed
         if backfill.records:
             metrics.SUBSCRIPTION_EVENTS.inc(backfill.records)
         try:
             try:
                 while True:
                     wake.cursor = last
-                    page = shared.page
-                    if last >= page.bounds.latest:  # caught up: follow
-                        if page.closed:
+                    if last >= latest:  # caught up: follow
+                        if closed:
                             await _send(sink, encoder.closed(last))
                             return last
                         if sink.can_offer:
@@ -306,8 +318,33 @@ class Live:
                     # clear, then take the generation: a signal after this point sets the flag again
                     wake.clear()
                     woken_at = self._hub.generation(run_id, stream_id)
-                    shared = await self._read_retrying(sink, run_id, stream_id, last, limit, woken_at, pins_digest)
-                    delivery = encoder.events(shared, last)
+                    if latest - last > FOLLOW_PAGE:
+                        # far behind: the records in their wire form, assembled by Postgres for this
+                        # reader alone, in large pages (no shared page would serve anyone else)
+                        body = await self._retrying(
+                            sink,
+                            functools.partial(
+                                read_body,
+                                self._pool,
+                                self._durability,
+                                run_id,
+                                stream_id,
+                                last,
+                                encoder.form,
+                                max_records=CATCH_UP_RECORDS,
+                                max_bytes=CATCH_UP_BYTES,
+                            ),
+                        )
+                        _same_stream(body.pins_digest, pins_digest)
+                        delivery = encoder.body(body, last)
+                        latest, closed = body.bounds.latest, body.closed
+                    else:
+                        shared = await self._retrying(
+                            sink, functools.partial(self._reads.page, run_id, stream_id, last, limit, woken_at)
+                        )
+                        _same_stream(shared.page.pins_digest, pins_digest)
+                        delivery = encoder.events(shared, last)
+                        latest, closed = shared.page.bounds.latest, shared.page.closed
                     await _send(sink, delivery.chunk)
                     metrics.SUBSCRIPTION_EVENTS.inc(delivery.records)
                     last = delivery.last
@@ -352,12 +389,9 @@ class Live:
             wake.dormant = False
             self.fanout.leave(run_id, stream_id, follower)
 
-    async def _read_retrying(
-        self, sink: Sink, run_id: str, stream_id: str, after: int, limit: int, woken_at: int, pins_digest: str
-    ) -> SharedPage:
-        """The next page, read once for every connection at this cursor. The first read authorized this
-        connection; pins never change, so only a replaced stream (another digest) ends it. Postgres
-        restarts are waited out, with a comment line before each wait so that proxies keep the connection."""
+    async def _retrying(self, sink: Sink, read: Callable[[], Awaitable[R]]) -> R:
+        """A read of a page or body, with Postgres restarts waited out and a comment line before each
+        wait, so that proxies keep the connection."""
 
         async def waiting(state: RetryCallState) -> None:
             exc = state.outcome.exception() if state.outcome is not None else None
@@ -369,10 +403,8 @@ class Live:
             retry=retry_if_exception_type(DB_UNAVAILABLE), wait=BACKOFF, before_sleep=waiting, reraise=True
         ):
             with attempt:
-                shared = await self._reads.page(run_id, stream_id, after, limit, woken_at)
-        if shared.page.pins_digest != pins_digest:
-            raise StreamNotFound("the stream was deleted and created again")
-        return shared
+                result = await read()
+        return result
 
     def _note_gap(self, run_id: str, stream_id: str, wake: Wake, last: int) -> None:
         first = wake.first_announced
@@ -392,6 +424,13 @@ class Live:
                 await gaps.record_gap(conn, run_id, stream_id, expected, observed, detected_by="sse")
         except DB_UNAVAILABLE as exc:
             log.warning("could not record gap evidence: %s", exc)
+
+
+def _same_stream(digest: str, pins_digest: str) -> None:
+    """The first read authorized this connection; pins never change, so only a stream made again under
+    its name (another digest) ends it."""
+    if digest != pins_digest:
+        raise StreamNotFound("the stream was deleted and created again")
 
 
 async def _send(sink: Sink, chunk: bytes) -> None:

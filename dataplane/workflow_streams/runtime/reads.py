@@ -19,7 +19,8 @@ from typing import TypeVar
 
 from ..domain.authz import Action, Caller
 from ..domain.errors import StreamError
-from ..store import reads
+from ..store import bodies, reads
+from ..store.bodies import Body, Form
 from ..store.db import Pool
 from ..store.reads import Page, PageKey, fetch_pages
 from .batches import Batches
@@ -27,6 +28,7 @@ from .durability import Durability
 from .wakes import WakeHub
 
 T = TypeVar("T")
+R = TypeVar("R", Page, Body)
 
 
 class SharedPage:
@@ -233,7 +235,82 @@ async def read_page(
         page = await reads.fetch_page(
             conn, run_id, stream_id, after, limit, caller=caller, right=right, client_region=client_region
         )
+    return await _served(durability, run_id, stream_id, page, until)
+
+
+async def read_body(
+    pool: Pool,
+    durability: Durability,
+    run_id: str,
+    stream_id: str,
+    after: int,
+    form: Form,
+    *,
+    max_records: int,
+    max_bytes: int,
+    caller: Caller | None = None,
+    right: Action = "read",
+    client_region: str | None = None,
+) -> Body:
+    """A catch-up read assembled by Postgres (``store.bodies``), as it may be served. The page is planned
+    first; its records are then read in parts, on two connections taking turns, so that Postgres writes
+    one part's records while this process takes in the part before (a page of 100,000 records read 1.3 us
+    a record so, 2.0 on one connection: bench.catchup). Records, once written, never change, so the
+    parts need no common snapshot: a part that finds records gone (pruned meanwhile) plans again."""
+    until = pool.deadline()
+    for attempt in range(2):
+        async with pool.acquire(until=until) as conn:
+            page = await bodies.plan(
+                conn,
+                run_id,
+                stream_id,
+                after,
+                max_records=max_records,
+                max_bytes=max_bytes,
+                caller=caller,
+                right=right,
+                client_region=client_region,
+            )
+        try:
+            values = await _values(pool, page, form, until)
+        except bodies.PageChanged:
+            if attempt:
+                raise
+            continue  # the next plan answers with the stream as it is now (410 for a pruned cursor)
+        return await _served(durability, run_id, stream_id, page.body(form, values), until)
+    raise AssertionError("not reached")
+
+
+# records of one part of a catch-up page, and the connections that read a page's parts
+PART_RECORDS = 8192
+PART_CONNECTIONS = 2
+
+
+async def _values(pool: Pool, page: bodies.Plan, form: Form, until: float) -> list[bytes]:
+    count = page.end - page.after
+    if count <= 0:
+        return []
+    parts = [
+        (first, min(first + PART_RECORDS - 1, page.end)) for first in range(page.after + 1, page.end + 1, PART_RECORDS)
+    ]
+    if len(parts) == 1:
+        async with pool.acquire(until=until) as conn:
+            return await bodies.fetch_values(conn, page, form, *parts[0])
+    results: list[list[bytes]] = [[] for _ in parts]
+
+    async def take_turns(lane: int) -> None:
+        async with pool.acquire(until=until) as conn:
+            for i in range(lane, len(parts), PART_CONNECTIONS):
+                results[i] = await bodies.fetch_values(conn, page, form, *parts[i])
+
+    async with asyncio.TaskGroup() as group:
+        for lane in range(min(PART_CONNECTIONS, len(parts))):
+            group.create_task(take_turns(lane))
+    return [value for part in results for value in part]
+
+
+async def _served(durability: Durability, run_id: str, stream_id: str, read: R, until: float) -> R:
     read_at = durability.tick()
-    [served] = await durability.confirmed([((run_id, stream_id), page)], read_at, until)
-    assert isinstance(served, Page)
+    [served] = await durability.confirmed([((run_id, stream_id), read)], read_at, until)
+    assert not isinstance(served, StreamError)
     return served

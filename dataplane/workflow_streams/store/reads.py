@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -54,6 +55,18 @@ class Page:
     @property
     def next_after(self) -> int | None:
         return self.records[-1].sequence if self.records else None
+
+    @property
+    def last_sequence(self) -> int | None:
+        return self.records[-1].sequence if self.records else None
+
+    def held_back(self, known: int) -> tuple[Page, int]:
+        """This page as far as ``known`` is durable (the head at most ``known``, never below the page's own
+        start, and not closed: the close may lie beyond), and how many records were held back."""
+        served = [r for r in self.records if r.sequence <= known]
+        start = served[-1].sequence if served else self.records[0].sequence - 1 if self.records else self.bounds.latest
+        bounds = Bounds(earliest=self.bounds.earliest, latest=max(min(self.bounds.latest, known), start))
+        return dataclasses.replace(self, records=served, bounds=bounds, closed=False), len(self.records) - len(served)
 
 
 # The stream's row and the page after the cursor in one statement: one snapshot (a concurrent prune can

@@ -2,28 +2,30 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from aiohttp import web
 
 from ... import wire
 from ...domain import durable as rules
+from ...domain.authz import Action, Principal
 from ...domain.records import StoredRecord
+from ...runtime import reads as runtime_reads
 from ...store import durable as store
-from ...store import reads
+from ...store.bodies import Body
+from ...store.reads import Page
 from ..common import compressible
+from ..state import AppState
 from . import headers as h
 
-# Records per read, and the bytes a page stops growing past (it always holds at least one record). A
-# catch-up response holds the whole of a stream of ordinary size: the protocol's clients, asked for a
-# read that is not live, take the first response and stop (as the reference server answers at once).
-PAGE_RECORDS = 10_000
-PAGE_BYTES = 4 * 1024 * 1024
+# A catch-up response holds the whole of a stream of ordinary size: the protocol's clients, asked for a
+# read that is not live, take the first response and stop (the reference server answers the whole stream
+# at once). It is bounded in bytes (the records' stored sizes; at least one record), and assembled by
+# Postgres (store.bodies), so its size costs the server little beyond the bytes themselves.
+PAGE_RECORDS = 1_000_000
+PAGE_BYTES = 16 * 1024 * 1024
 
 
-def within_budget(records: list[StoredRecord], start: int = 0, budget: int = PAGE_BYTES) -> int:
-    """How many of ``records[start:]`` one response (or event) holds: up to ``budget`` bytes, and at
-    least one."""
+def within_budget(records: list[StoredRecord], start: int, budget: int) -> int:
+    """How many of ``records[start:]`` one event holds: up to ``budget`` bytes, and at least one."""
     total, keep = 0, 0
     for record in records[start:] if start else records:
         total += record.size_bytes
@@ -33,20 +35,54 @@ def within_budget(records: list[StoredRecord], start: int = 0, budget: int = PAG
     return keep
 
 
-def trimmed(page: reads.Page) -> reads.Page:
-    keep = within_budget(page.records)
-    return page if keep == len(page.records) else replace(page, records=page.records[:keep])
+async def read_records(
+    app: AppState, meta: store.Meta, after: int, principal: Principal, right: Action, client_region: str | None
+) -> Body:
+    """The records after ``after`` in the stream's form, as far as they are durable, for ``principal``
+    (checked again on the row: the stream may have been made again under its name since ``meta``)."""
+    return await runtime_reads.read_body(
+        app.pool,
+        app.durability,
+        meta.run_id,
+        meta.stream_id,
+        after,
+        "messages" if rules.is_json_mode(meta.content_type) else "bytes",
+        max_records=PAGE_RECORDS,
+        max_bytes=PAGE_BYTES,
+        caller=principal,
+        right=right,
+        client_region=client_region,
+    )
 
 
-def page_response(
-    request: web.Request, meta: store.Meta, after: int, page: reads.Page, cursor: str | None = None
+def body_response(
+    request: web.Request, meta: store.Meta, after: int, body: Body, cursor: str | None = None
 ) -> web.Response:
-    """A catch-up or long-poll page: the data, where to read next, whether that is the tail (and the
-    stream ended there), an ETag for revalidation, and the CDN cursor of live reads."""
-    page = trimmed(page)
+    """A catch-up (or long-poll) response: the data, where to read next, whether that is the tail (and
+    the stream ended there), an ETag for revalidation, and the CDN cursor of live reads."""
+    data = b"[" + body.joined() + b"]" if rules.is_json_mode(meta.content_type) else body.joined()
+    return _response(request, meta, after, body.next_after, body.bounds.latest, body.closed, data, cursor)
+
+
+def page_response(request: web.Request, meta: store.Meta, after: int, page: Page, cursor: str) -> web.Response:
+    """A long-poll's answer from the shared live page that woke it."""
     next_after = page.next_after if page.next_after is not None else after
-    up_to_date = next_after >= page.bounds.latest
-    closed = page.closed and up_to_date
+    data = wire.body(page.records, meta.content_type)
+    return _response(request, meta, after, next_after, page.bounds.latest, page.closed, data, cursor)
+
+
+def _response(
+    request: web.Request,
+    meta: store.Meta,
+    after: int,
+    next_after: int,
+    latest: int,
+    closed_stream: bool,
+    data: bytes,
+    cursor: str | None,
+) -> web.Response:
+    up_to_date = next_after >= latest
+    closed = closed_stream and up_to_date
     tag = rules.etag(meta.incarnation, after, next_after, closed)
     headers = {
         "Content-Type": meta.content_type,
@@ -63,4 +99,4 @@ def page_response(
         headers[h.CLOSED] = "true"
     if rules.if_none_match(request.headers.get("If-None-Match"), tag):
         return web.Response(status=304, headers={k: v for k, v in headers.items() if k != "Content-Type"})
-    return compressible(web.Response(body=wire.body(page.records, meta.content_type), headers=headers))
+    return compressible(web.Response(body=data, headers=headers))

@@ -19,14 +19,13 @@ from ...domain.pins import StreamPins
 from ...domain.records import RecordIn
 from ...runtime import group_commit
 from ...runtime.publish import committed
-from ...runtime.reads import read_page
 from ...store import durable as store
 from ...store.appends import AppendRequest
 from ..common import client_region_of, read_body
 from ..state import AppState, principal_of, state_of
 from . import headers as h
 from . import live
-from .pages import PAGE_RECORDS, page_response
+from .pages import body_response, read_records
 
 STREAM_PATH = "/v1/stream/{name:.+}"
 ANONYMOUS = Principal("anonymous")
@@ -189,21 +188,9 @@ async def get(request: web.Request) -> web.StreamResponse:
         return await live.sse(request, call.app, call.principal, meta, after)
     if offset.is_now:
         return _now(meta)
-    app = call.app
-    # the read checks the caller again: the stream may have been made again under its name since
-    page = await read_page(
-        app.pool,
-        app.durability,
-        call.run_id,
-        call.stream_id,
-        after,
-        PAGE_RECORDS,
-        caller=call.principal,
-        right=right,
-        client_region=region,
-    )
-    metrics.READ_RECORDS.inc(len(page.records))
-    return page_response(request, meta, after, page)
+    body = await read_records(call.app, meta, after, call.principal, right, region)
+    metrics.READ_RECORDS.inc(len(body.values))
+    return body_response(request, meta, after, body)
 
 
 def _now(meta: store.Meta) -> web.Response:

@@ -1,0 +1,182 @@
+"""Catch-up reads against the store's own speed: ``python -m bench.catchup [--records N] [--profile MODE]``.
+
+One stream of N records of 100 bytes (a JSON string), appended through the API. Then, in one run and
+on one Postgres: the ceiling, raw asyncpg fetching the same pages of the same table (pages of 1,000,
+as a reader does); one server worker read from the start by the compiled generator (wfs-loadgen
+catchup) on our API (``api``), the Durable Streams surface (``ds``) and both surfaces' SSE backfill
+(``sse``, ``ds-sse``), each with the server's and the generator's CPU beside it; the protocol's own TS
+client reading the first 100,000 records from us and from its reference server (in memory, loaded with
+the same records) when Node is there; and the table's size per record, indexes included.
+
+``--profile api`` records the server with py-spy during that case (top functions printed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import asyncpg
+
+from bench import generator
+from bench.harness import AUTH, PREFIX, TOKEN, Server, pins, start_postgres
+from bench.profile import _pyspy, top_functions
+from workflow_streams.store.reads import RECORD_COLUMNS
+
+DS_PREFIX = "/api/durable-streams"
+RUN, STREAM = "catchup", "history"
+RAW_PAGE = 1000
+TS_RECORDS = 100_000
+CLIENTS = Path(__file__).parent / "catchup"  # the npm project of the TS client and reference server
+
+_RAW = (
+    f"SELECT {RECORD_COLUMNS} FROM wfs_records r WHERE r.stream_key = $1 AND r.sequence > $2"
+    " ORDER BY r.sequence LIMIT $3"
+)
+
+
+async def load(url: str, records: int) -> None:
+    """The stream and its records, 1,000 per append."""
+    payload = "x" * 98  # 100 bytes of JSON
+    async with aiohttp.ClientSession(headers=AUTH) as http:
+        created = await http.post(f"{url}{PREFIX}/runs/{RUN}/streams", json={"stream_id": STREAM, "pins": pins()})
+        assert created.status in (200, 201), await created.text()
+        batch = json.dumps({"records": [{"data": payload}] * 1000}).encode()
+        for _ in range(records // 1000):
+            resp = await http.post(
+                f"{url}{PREFIX}/runs/{RUN}/streams/{STREAM}/records",
+                data=batch,
+                headers={"Content-Type": "application/json"},
+            )
+            assert resp.status == 201, await resp.text()
+
+
+async def raw_ceiling(dsn: str, records: int) -> dict[str, float]:
+    """Raw asyncpg: the same pages, decoded into records, nothing else."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.execute("ANALYZE wfs_records")
+        key = await conn.fetchval(
+            "SELECT stream_key FROM wfs_streams WHERE run_id = $1 AND stream_id = $2", RUN, STREAM
+        )
+        statement = await conn.prepare(_RAW)
+        best = 0.0
+        for _ in range(2):  # the second pass reads a warm cache, as the server's reads do
+            start, after = time.perf_counter(), 0
+            while after < records:
+                rows = await statement.fetch(key, after, RAW_PAGE)
+                after = rows[-1][0]
+            best = max(best, records / (time.perf_counter() - start))
+        return {"records_per_s": round(best)}
+    finally:
+        await conn.close()
+
+
+async def surface(server: Server, mode: str, records: int, profile: Path | None) -> dict[str, Any]:
+    """One case from the generator, with the server's CPU over it."""
+    base = server.url + (DS_PREFIX if mode.startswith("ds") else PREFIX)
+    spy = None
+    if profile is not None:
+        command = [_pyspy(), "record", "--format", "raw", "-o", str(profile), "-r", "200", "--nonblocking"]
+        spy = subprocess.Popen(
+            [*command, "--pid", str(server.process.pid), "--subprocesses"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        await asyncio.sleep(1)  # attached
+    cpu = server.cpu_seconds()
+    flags: dict[str, Any] = {"surface": mode, "run": RUN, "stream": STREAM, "until": records}
+    if mode == "api":  # a reader catching up asks for large pages (the Python client does)
+        flags |= {"limit": 100_000, "max_bytes": 16 * 1024 * 1024}
+    report = await generator.run("catchup", base, TOKEN, **flags)
+    report["server_cpu_share"] = round((server.cpu_seconds() - cpu) / report["seconds"], 3)
+    if spy is not None:
+        spy.send_signal(signal.SIGINT)
+        spy.wait(30)
+    return report
+
+
+async def ts_client(server: Server, records: int) -> dict[str, Any] | None:
+    """The protocol's TS client reading ``records`` from us and from its reference server."""
+    if shutil.which("node") is None or not (CLIENTS / "package.json").exists():
+        return None
+    if not (CLIENTS / "node_modules").exists():
+        install = await asyncio.create_subprocess_exec(
+            "npm", "ci", "--no-audit", "--no-fund", cwd=CLIENTS, stdout=subprocess.DEVNULL
+        )
+        if await install.wait() != 0:
+            raise RuntimeError("npm ci in bench/catchup failed")
+    url = f"{server.url}{DS_PREFIX}/v1/stream/{RUN}/{STREAM}"
+    proc = await asyncio.create_subprocess_exec(
+        "node", "read.mjs", url, TOKEN, str(records), cwd=CLIENTS, stdout=subprocess.PIPE
+    )
+    out, _ = await proc.communicate()
+    if proc.returncode != 0:
+        raise RuntimeError(f"bench/catchup/read.mjs failed ({proc.returncode})")
+    result: dict[str, Any] = json.loads(out)
+    return result
+
+
+async def storage(dsn: str) -> dict[str, Any]:
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.execute("VACUUM ANALYZE wfs_records")
+        size = await conn.fetchval("SELECT pg_total_relation_size('wfs_records')")
+        count = await conn.fetchval("SELECT count(*) FROM wfs_records")
+        return {"bytes_per_record": round(size / count, 1), "records": count}
+    finally:
+        await conn.close()
+
+
+async def main(args: argparse.Namespace) -> None:
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    pg = await start_postgres()
+    server = Server(pg.dsn, out / "server.log", workers=1)
+    results: dict[str, Any] = {"records": args.records}
+    try:
+        await server.ready()
+        await load(server.url, args.records)
+        results["storage"] = await storage(pg.dsn)
+        raw = await raw_ceiling(pg.dsn, args.records)
+        results["raw_asyncpg"] = raw
+        for mode in args.modes:
+            profile = out / f"{mode}.collapsed" if args.profile == mode else None
+            report = await surface(server, mode, args.records, profile)
+            report["vs_raw"] = round(report["records_per_s"] / raw["records_per_s"], 3)
+            results[mode] = report
+            print(mode, report, flush=True)
+            if profile is not None and profile.exists():
+                top = top_functions(profile)
+                (out / f"{mode}-top.txt").write_text(top + "\n")
+                print(top)
+        if "api" in results and "sse" in results:
+            results["sse"]["vs_api"] = round(results["sse"]["records_per_s"] / results["api"]["records_per_s"], 3)
+        if "ds" in results and "ds-sse" in results:
+            results["ds-sse"]["vs_ds"] = round(results["ds-sse"]["records_per_s"] / results["ds"]["records_per_s"], 3)
+        if not args.no_ts:
+            results["ts_client"] = await ts_client(server, min(TS_RECORDS, args.records))
+    finally:
+        server.stop()
+        pg.destroy()
+    (out / "catchup.json").write_text(json.dumps(results, indent=2) + "\n")
+    print(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--records", type=int, default=200_000)
+    parser.add_argument("--modes", nargs="+", default=["api", "ds", "sse", "ds-sse"])
+    parser.add_argument("--profile", choices=("api", "ds", "sse", "ds-sse"), help="py-spy the server in this case")
+    parser.add_argument("--no-ts", action="store_true", help="skip the TS client comparison")
+    parser.add_argument("--out", default=tempfile.mkdtemp(prefix="wfs-catchup-"))
+    asyncio.run(main(parser.parse_args()))

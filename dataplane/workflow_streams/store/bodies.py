@@ -1,0 +1,245 @@
+"""Catch-up reads assembled by Postgres: a page of records in their wire form, one value each.
+
+A reader that fell behind (a replay, a new subscriber with a backlog, a Durable Streams client asking for
+the whole stream) reads far more records than a live page holds. Read as rows of columns, each record
+was decoded by asyncpg and encoded again in Python: most of the server's time (``bench.catchup
+--profile api``: ``wire.record_bytes`` and row decoding). Here the server that holds the records builds
+each one's wire form, and a page crosses into Python as one ``bytes`` value per record, joined as they
+are. The forms are the ones ``wire.py`` makes from rows (tests/test_catchup_reads.py compares them).
+
+A page is bounded in records and in bytes (the records' stored sizes; at least one record). Where it
+ends is decided first, from the records' cumulative bytes, so exactly the page's rows are read.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Literal
+
+import asyncpg
+
+from ..domain.authz import Action, Caller
+from ..domain.cursor import Bounds, check_cursor
+from ..domain.pins import StreamPins
+from ..domain.records import DEFAULT_CONTENT_TYPE
+from . import db, streams
+from .wal import TIMELINE
+
+# one snapshot for the page's bounds and records; timestamps written in UTC (``wire.timestamp``)
+_SNAPSHOT = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; SET LOCAL timezone = 'UTC'"
+
+Form = Literal["records", "events", "messages", "bytes"]
+
+# A record as our API's JSON object (``wire.record_bytes``), as bytea: its payload spliced in as stored
+# when it is JSON, else base64 (without the line breaks Postgres' encoder adds), or its object reference.
+# The cheapest ways found to write each part (bench.catchup: 1.6 us of Postgres' time per record went
+# here): the default content type as a constant, the timestamp as JSON writes it (to_char cost twice).
+_RECORD_JSON = f"""(convert_to(
+    '{{"sequence":' || r.sequence
+    || CASE WHEN r.object IS NULL THEN ',"kind":"inline"' ELSE ',"kind":"object"' END
+    || CASE WHEN r.content_type IS NULL THEN ',"content_type":"{DEFAULT_CONTENT_TYPE}"'
+            ELSE ',"content_type":' || to_json(r.content_type)::text END
+    || ',"size":' || coalesce(octet_length(r.payload)::bigint, (r.object->>'size')::bigint)
+    || ',"appended_at":' || to_json(r.appended_at)::text
+    || CASE WHEN r.object IS NOT NULL THEN ',"object":' || r.object::text
+            WHEN wfs_is_json(r.content_type) THEN ',"data":'
+            ELSE ',"data_base64":"' || translate(encode(r.payload, 'base64'), E'\\n', '') || '"' END,
+    'UTF8')
+    || CASE WHEN r.object IS NULL AND wfs_is_json(r.content_type) THEN r.payload ELSE ''::bytea END
+    || '\\x7d'::bytea)"""
+
+# What each record contributes to a chunk, and what separates two records, per form: our API's read
+# body (``records``) and SSE events (``events``); the protocol's JSON messages (``messages``: a JSON
+# payload as stored, anything else as our record object) and byte streams (``bytes``).
+_FORMS: dict[str, tuple[str, str]] = {
+    "records": (_RECORD_JSON, ","),
+    "events": (
+        f"(convert_to('id: ' || r.sequence || E'\\nevent: record\\ndata: ', 'UTF8') || {_RECORD_JSON}"
+        " || '\\x0a0a'::bytea)",
+        "",
+    ),
+    "messages": (
+        f"(CASE WHEN r.object IS NULL AND wfs_is_json(r.content_type) THEN r.payload ELSE {_RECORD_JSON} END)",
+        ",",
+    ),
+    "bytes": ("coalesce(r.payload, ''::bytea)", ""),
+}
+
+
+# The stream's row, the WAL timeline and where a page after cursor $3 ends: the last sequence within
+# both budgets, $4 records and $5 bytes (at least one record). ``base`` is the stream's cumulative bytes
+# through the cursor (its pruned bytes when the cursor's record is gone); cumulative bytes grow with the
+# sequence, so the end is found by a binary search of point lookups (about twenty for a million records)
+# rather than by reading the records.
+_PLAN = f"""
+WITH RECURSIVE s AS (
+    SELECT w.stream_key, {streams.columns("w")}, {TIMELINE} AS timeline,
+           coalesce((SELECT c.cumulative_bytes FROM wfs_records c
+                     WHERE c.stream_key = w.stream_key AND c.sequence = $3), w.pruned_bytes) AS base
+    FROM wfs_streams w WHERE w.run_id = $1 AND w.stream_id = $2
+), search(lo, hi) AS (
+    -- written not to overflow for any cursor (one past the latest is refused after this statement)
+    SELECT least($3, s.last_sequence) + 1, $3 + least($4::bigint, s.last_sequence - $3) FROM s
+    UNION ALL
+    SELECT CASE WHEN probe.fits THEN half.mid ELSE search.lo END,
+           CASE WHEN probe.fits THEN search.hi ELSE half.mid - 1 END
+    FROM search CROSS JOIN s
+    CROSS JOIN LATERAL (SELECT (search.lo + search.hi + 1) / 2 AS mid) half
+    CROSS JOIN LATERAL (
+        SELECT (SELECT c.cumulative_bytes FROM wfs_records c
+                WHERE c.stream_key = s.stream_key AND c.sequence = half.mid) - s.base <= $5::bigint AS fits
+    ) probe
+    WHERE search.lo < search.hi
+)
+SELECT s.stream_key, {streams.COLUMNS}, s.timeline, (SELECT min(hi) FROM search) AS page_end FROM s
+"""
+
+
+def _records(form: Form) -> str:
+    """The records (cursor $2, end $3] of stream key $1 in ``form``, one row each, in sequence order."""
+    return f"SELECT {_FORMS[form][0]} FROM wfs_records r WHERE r.stream_key = $1 AND r.sequence > $2 AND r.sequence <= $3 ORDER BY r.sequence"
+
+
+_RECORDS: dict[str, str] = {form: _records(form) for form in _FORMS}  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class Body:
+    """The records after ``after`` in one form, one ``bytes`` value each (sequences ``after + 1`` on, with
+    no gaps), and the stream as the same snapshot saw it."""
+
+    after: int
+    values: list[bytes]
+    bounds: Bounds
+    closed: bool
+    pins: StreamPins
+    pins_digest: str
+    # the WAL timeline the read ran on (store.wal)
+    timeline: str
+    form: Form
+
+    @property
+    def last_sequence(self) -> int | None:
+        return self.after + len(self.values) if self.values else None
+
+    @property
+    def next_after(self) -> int:
+        return self.after + len(self.values)
+
+    def chunks(self, budget: int) -> Iterator[tuple[int, bytes]]:
+        """The values in runs of about ``budget`` bytes (at least one value each): the last sequence of
+        each run and its values joined by the form's separator."""
+        separator = _FORMS_SEPARATOR[self.form]
+        start, size = 0, 0
+        for i, value in enumerate(self.values):
+            size += len(value)
+            if size >= budget:
+                yield self.after + i + 1, separator.join(self.values[start : i + 1])
+                start, size = i + 1, 0
+        if start < len(self.values):
+            yield self.after + len(self.values), separator.join(self.values[start:])
+
+    def joined(self) -> bytes:
+        return _FORMS_SEPARATOR[self.form].join(self.values)
+
+    def held_back(self, known: int) -> tuple[Body, int]:
+        """This body as far as ``known`` is durable (the head at most ``known``, never below the body's own
+        start, and not closed: the close may lie beyond), and how many records were held back."""
+        served = self.values[: max(0, known - self.after)]
+        start = self.after + len(served)
+        bounds = Bounds(earliest=self.bounds.earliest, latest=max(min(self.bounds.latest, known), start))
+        held = len(self.values) - len(served)
+        return dataclasses.replace(self, values=served, bounds=bounds, closed=False), held
+
+
+_FORMS_SEPARATOR: dict[str, bytes] = {form: separator.encode() for form, (_, separator) in _FORMS.items()}
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Where a page after ``after`` ends (``end``; ``after`` itself when nothing follows), and the stream
+    as the planning statement saw it."""
+
+    stream_key: int
+    after: int
+    end: int
+    bounds: Bounds
+    closed: bool
+    pins: StreamPins
+    pins_digest: str
+    timeline: str
+
+    def body(self, form: Form, values: list[bytes]) -> Body:
+        return Body(self.after, values, self.bounds, self.closed, self.pins, self.pins_digest, self.timeline, form)
+
+
+class PageChanged(Exception):
+    """Records of a planned page are gone (pruned, or the stream deleted) since it was planned: plan again."""
+
+
+async def plan(
+    conn: asyncpg.Connection,
+    run_id: str,
+    stream_id: str,
+    after: int,
+    *,
+    max_records: int,
+    max_bytes: int,
+    caller: Caller | None = None,
+    right: Action = "read",
+    client_region: str | None = None,
+) -> Plan:
+    """The page of records with sequence > after: at most ``max_records`` and ``max_bytes`` of their
+    stored sizes (at least one record). With ``caller``, its right and region are checked on the stream's
+    row first, as ``reads.fetch_page`` does; a cursor past the latest or pruned is refused here."""
+    head = await conn.fetchrow(_PLAN, run_id, stream_id, after, max_records, max_bytes)
+    stream = streams.checked(head, caller, right, client_region)
+    assert head is not None  # checked raises for a missing stream
+    bounds = Bounds(earliest=stream.earliest_sequence, latest=stream.last_sequence)
+    check_cursor(after, bounds)
+    end = max(after, head["page_end"])
+    return Plan(
+        head["stream_key"], after, end, bounds, stream.closed, stream.pins, stream.pins_digest, head["timeline"]
+    )
+
+
+async def fetch_values(conn: asyncpg.Connection, page: Plan, form: Form, first: int, last: int) -> list[bytes]:
+    """Records ``first``..``last`` of a planned page in ``form``, one value each. Records are never
+    changed once written, only removed from a stream's start (or with the stream), so whatever statement
+    reads them reads the same bytes; a record that is gone is ``PageChanged``."""
+    rows = await conn.fetch(_RECORDS[form], page.stream_key, first - 1, last)
+    if len(rows) != last - first + 1:
+        raise PageChanged(f"records {first}..{last} are no longer all there")
+    return [row[0] for row in rows]
+
+
+async def fetch_body(
+    conn: asyncpg.Connection,
+    run_id: str,
+    stream_id: str,
+    after: int,
+    form: Form,
+    *,
+    max_records: int,
+    max_bytes: int,
+    caller: Caller | None = None,
+    right: Action = "read",
+    client_region: str | None = None,
+) -> Body:
+    """``plan`` and the page's records on one connection, in one snapshot."""
+    async with db.transaction(conn, _SNAPSHOT):
+        page = await plan(
+            conn,
+            run_id,
+            stream_id,
+            after,
+            max_records=max_records,
+            max_bytes=max_bytes,
+            caller=caller,
+            right=right,
+            client_region=client_region,
+        )
+        values = await fetch_values(conn, page, form, after + 1, page.end) if page.end > after else []
+    return page.body(form, values)

@@ -1,0 +1,178 @@
+"""Catch-up reads assembled by Postgres (store/bodies.py) say what the rows say: each form is, record for
+record, the bytes wire.py makes of the same rows; pages keep their record and byte budgets; and the SQL
+JSON rule is domain.media.is_json."""
+
+from __future__ import annotations
+
+import base64
+import json
+from typing import Any
+
+import asyncpg
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.support import ALICE, SseReader, StreamsApi
+from workflow_streams import wire
+from workflow_streams.domain.media import is_json
+from workflow_streams.store.bodies import fetch_body
+from workflow_streams.store.reads import fetch_page
+
+BIG = 10**9
+DS = "/api/durable-streams/v1/stream"
+
+
+async def _mixed_stream(api: StreamsApi, db: asyncpg.Connection) -> int:
+    """A stream with every kind of record: JSON of several shapes and content types, bytes, an object."""
+    await api.create("r", "mixed")
+    records: list[dict[str, Any]] = [
+        {"data": {"text": "line one\nline two", "n": 1, "unicode": "é✓"}},
+        {"data": [1, 2.5, None, True]},
+        {"data": "a string"},
+        {"content_type": "application/vnd.example+json; charset=utf-8", "data": {"x": 1}},
+        {"content_type": "application/octet-stream", "data_base64": base64.b64encode(bytes(range(256)) * 3).decode()},
+        {"content_type": "text/plain", "data_base64": base64.b64encode(b"plain\r\ntext").decode()},
+    ]
+    resp = await api.append("r", "mixed", body={"records": records})
+    assert resp.status == 201, await resp.text()
+    # an object record as the objects API leaves it (its bytes would be in S3)
+    key, last, total = await db.fetchrow(
+        "SELECT stream_key, last_sequence, appended_bytes FROM wfs_streams WHERE run_id = 'r' AND stream_id = 'mixed'"
+    )
+    reference = {"region": "eu-west-1", "bucket": "b", "key": "k", "size": 5000, "sha256": "00", "content_type": "x/y"}
+    await db.execute(
+        """INSERT INTO wfs_records
+               (stream_key, sequence, cumulative_bytes, appended_at, content_type, appended_by, object)
+           VALUES ($1, $2, $3, now(), 'x/y', 'alice', $4::jsonb)""",
+        key,
+        last + 1,
+        total + 5000,
+        json.dumps(reference),
+    )
+    await db.execute(
+        "UPDATE wfs_streams SET last_sequence = $2, appended_bytes = $3 WHERE stream_key = $1",
+        key,
+        last + 1,
+        total + 5000,
+    )
+    return last + 1
+
+
+async def test_every_form_is_what_the_rows_make(api: StreamsApi, db: asyncpg.Connection) -> None:
+    last = await _mixed_stream(api, db)
+    # timestamps with whole seconds and trailing zeros, which both must write alike
+    await db.execute(
+        "UPDATE wfs_records SET appended_at = '2026-01-01T00:00:00Z'::timestamptz + sequence * '0.25 s'::interval"
+    )
+    # the server's connections decode jsonb (an object record's reference) as JSON
+    await db.set_type_codec("jsonb", encoder=json.dumps, decoder=json.loads, schema="pg_catalog")
+    rows = (await fetch_page(db, "r", "mixed", 0, 100)).records
+    assert len(rows) == last
+
+    async def body(form: Any) -> bytes:
+        fetched = await fetch_body(db, "r", "mixed", 0, form, max_records=BIG, max_bytes=BIG)
+        assert (fetched.last_sequence, len(fetched.values)) == (last, last)
+        return fetched.joined()
+
+    records = await body("records")
+    assert json.loads(b"[" + records + b"]") == json.loads(b"[" + b",".join(map(wire.record_bytes, rows)) + b"]")
+    # byte for byte where nothing needs reformatting (no object, ASCII content types)
+    assert records.split(b',{"sequence":2,')[0] == wire.record_bytes(rows[0])
+    messages = await body("messages")
+    assert json.loads(b"[" + messages + b"]") == json.loads(b"[" + b",".join(map(wire.message, rows)) + b"]")
+    assert await body("bytes") == b"".join(r.payload for r in rows if r.payload is not None)
+    events = (await body("events")).split(b"\n\n")
+    expected = b"".join(map(wire.record_event, rows)).split(b"\n\n")
+    assert len(events) == len(expected) == last + 1
+    for got, want in zip(events[:-1], expected[:-1], strict=True):
+        head, _, data = got.partition(b"data: ")
+        want_head, _, want_data = want.partition(b"data: ")
+        assert head == want_head and json.loads(data) == json.loads(want_data)
+
+
+async def test_pages_keep_their_budgets(api: StreamsApi, db: asyncpg.Connection) -> None:
+    await api.create("r", "budget")
+    for start in range(0, 1000, 250):
+        resp = await api.append("r", "budget", *["x" * 98 for _ in range(start, start + 250)])  # 100 bytes each
+        assert resp.status == 201
+
+    async def read(after: int, **budget: int) -> Any:
+        return await fetch_body(db, "r", "budget", after, "records", **{"max_records": BIG, **budget})
+
+    assert len((await read(0, max_bytes=10_000)).values) == 100
+    assert (await read(500, max_bytes=10_000)).last_sequence == 600
+    assert (await read(0, max_bytes=10_050)).last_sequence == 100, "the budget is exact, not rounded up"
+    assert len((await read(0, max_bytes=BIG, max_records=7)).values) == 7
+    assert len((await read(0, max_bytes=1)).values) == 1, "a page holds at least one record"
+    assert len((await read(995, max_bytes=BIG)).values) == 5
+    assert (await read(1000, max_bytes=BIG)).values == []
+    whole = await fetch_body(db, "r", "budget", 0, "bytes", max_records=BIG, max_bytes=BIG)
+    runs = list(whole.chunks(1000))  # 100-byte values, so ten each
+    assert [last for last, _ in runs] == list(range(10, 1001, 10))
+    assert b"".join(joined for _, joined in runs) == whole.joined() == b"".join(whole.values)
+
+
+async def test_a_body_after_pruned_records_counts_from_the_cursor(api: StreamsApi, db: asyncpg.Connection) -> None:
+    from workflow_streams.store.retention import prune_stream
+
+    await api.create("r", "pruned", retention={"max_records": 100})
+    for _ in range(4):
+        assert (await api.append("r", "pruned", *["y" * 98 for _ in range(100)])).status == 201
+    await prune_stream(db, "r", "pruned")
+    earliest = await db.fetchval("SELECT earliest_sequence FROM wfs_streams WHERE stream_id = 'pruned'")
+    body = await fetch_body(db, "r", "pruned", earliest - 1, "bytes", max_records=BIG, max_bytes=1000)
+    assert len(body.values) == 10 and body.after == earliest - 1
+
+
+_TYPES = st.one_of(
+    st.sampled_from(
+        [
+            "application/json",
+            "Application/JSON",
+            "application/json; charset=utf-8",
+            " application/json ;x=y",
+            "application/ld+json",
+            "application/vnd.a+JSON;q=1",
+            "text/json",
+            "application/jsonx",
+            "+json",
+            "application/octet-stream",
+            "text/plain",
+        ]
+    ),
+    st.text(st.characters(min_codepoint=32, max_codepoint=0x2FFF), min_size=1, max_size=40).filter(str.isprintable),
+)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(content_types=st.lists(_TYPES, min_size=1, max_size=20))
+async def test_the_sql_json_rule_is_the_domain_rule(database_url: str, content_types: list[str]) -> None:
+    conn = await asyncpg.connect(database_url)
+    try:
+        got = await conn.fetch("SELECT t, wfs_is_json(t) AS j FROM unnest($1::text[]) AS t", content_types)
+    finally:
+        await conn.close()
+    assert {row["t"]: row["j"] for row in got} == {t: is_json(t) for t in content_types}
+
+
+async def test_readers_far_behind_get_every_record_once_in_order(client: Any, api: StreamsApi) -> None:
+    """A subscriber of either surface with a long backlog reads it as catch-up pages, then follows live:
+    every record once, in order, and a record appended after it connected too."""
+    await api.create("run-1", "long")
+    for start in range(0, 3000, 500):
+        assert (await api.append("run-1", "long", *range(start + 1, start + 501))).status == 201
+    ours = SseReader(await client.get(api.url("run-1", "long", "/subscribe"), headers=api.headers))
+    theirs = SseReader(await client.get(f"{DS}/run-1/long?offset=-1&live=sse", headers=ALICE))
+    assert await ours.records(3000, seconds=30) == list(range(1, 3001))
+    messages: list[int] = []
+    while len(messages) < 3000:
+        event = await theirs.next(30)
+        assert event is not None
+        if event.event == "data":
+            messages += json.loads(event.data)
+    assert messages == list(range(1, 3001))
+    assert (await api.append("run-1", "long", 3001)).status == 201
+    assert await ours.records(1) == [3001]
+    while (event := await theirs.next()) is not None and event.event != "data":
+        pass
+    assert event is not None and json.loads(event.data) == [3001]
