@@ -116,7 +116,9 @@ def add_commands(sub: Any) -> None:
     where = read.add_mutually_exclusive_group()
     where.add_argument("--after", type=int, default=0, help="records after this sequence (default 0)")
     where.add_argument("--last", type=int, metavar="N", help="the last N records")
-    read.add_argument("--limit", type=int, default=100, help="at most this many records (1-100000, default 100; about 1 MiB of them)")
+    read.add_argument(
+        "--limit", type=int, default=100, help="at most this many records (1-100000, default 100; about 1 MiB of them)"
+    )
 
     tail = command(
         "tail",

@@ -99,7 +99,10 @@ SELECT s.stream_key, {streams.COLUMNS}, s.timeline, (SELECT min(hi) FROM search)
 
 def _records(form: Form) -> str:
     """The records (cursor $2, end $3] of stream key $1 in ``form``, one row each, in sequence order."""
-    return f"SELECT {_FORMS[form][0]} FROM wfs_records r WHERE r.stream_key = $1 AND r.sequence > $2 AND r.sequence <= $3 ORDER BY r.sequence"
+    return (
+        f"SELECT {_FORMS[form][0]} FROM wfs_records r"
+        " WHERE r.stream_key = $1 AND r.sequence > $2 AND r.sequence <= $3 ORDER BY r.sequence"
+    )
 
 
 _RECORDS: dict[str, str] = {form: _records(form) for form in _FORMS}  # type: ignore[arg-type]
