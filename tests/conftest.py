@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import subprocess
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -16,8 +17,9 @@ import yaml
 from aiobotocore.session import get_session
 from aiohttp.test_utils import TestClient
 
-from tests.controlplane import ControlPlane, KindPlane, binaries_present, kind_available
+from tests.controlplane import CACHE_BIN, ControlPlane, KindPlane, binaries_present, kind_available
 from tests.minio import ACCESS_KEY, SECRET_KEY, MinioServer, minio_binary
+from tests.node import FIGURES, NodeCluster, leftovers, why_unavailable
 from tests.support import TOKENS, StreamsApi
 from workflow_streams.api.app import create_app
 from workflow_streams.config import Settings
@@ -141,23 +143,75 @@ def s3_regions(minio: MinioServer) -> dict[str, RegionConfig]:
     }
 
 
-@pytest.fixture(scope="session", params=["envtest", "kind"])
+@pytest.fixture(scope="session")
+def node_cluster() -> Iterator[NodeCluster]:
+    """The one-node cluster that runs pods (tests/node.py), once per session; its teardown undoes every
+    host change and fails the session if anything is left."""
+    reason = why_unavailable()
+    if reason is not None and reason.startswith("the one-node cluster needs root"):
+        pytest.skip(reason)
+    if reason is not None:
+        pytest.fail(reason)
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:  # a deadline's SIGTERM still tears it down
+        signal.signal(signal.SIGTERM, _terminate_as_interrupt)
+    node = NodeCluster()
+    node.start()
+    FIGURES.append(f"one-node cluster: node Ready {node.timings['node Ready']:.1f} s after start")
+    yield node
+    journal = dict(node.journal.data)
+    node.stop()
+    left = leftovers(journal)
+    assert not left, f"the one-node cluster left host changes behind: {left}"
+
+
+@pytest.fixture(scope="session", params=["envtest", pytest.param("node", marks=[pytest.mark.node, pytest.mark.slow])])
 def kube(request: pytest.FixtureRequest) -> Iterator[ControlPlane]:
-    """Every test runs on the local etcd + kube-apiserver, and on kind where Docker and kind exist."""
-    if request.param == "kind":
-        if not kind_available():
-            pytest.skip("kind needs a running Docker engine, which this machine lacks")
-        plane: ControlPlane = KindPlane()
+    """Every test runs on the local etcd + kube-apiserver, and on a cluster that runs pods: kind where
+    Docker and kind exist (pytest-kind), else the one-node cluster of tests/node.py."""
+    own = True
+    if request.param == "node":
+        if kind_available():
+            plane: ControlPlane = KindPlane()
+            plane.start()
+        else:
+            plane = request.getfixturevalue("node_cluster")
+            own = False  # node_cluster stops it, at the end of the session
     else:
         if not binaries_present():
             pytest.fail("etcd/kube-apiserver are not built: scripts/bootstrap builds them")
         plane = ControlPlane()
-    plane.start()
+        plane.start()
     plane.kubectl("apply", "-f", str(REPO / "crds"))
     plane.kubectl("wait", "--for=condition=Established", "crd", "--all", "--timeout=60s")
-    plane.kubectl("apply", "-f", str(REPO / "charts/workflow-streams/templates/legal-hold-clusterrole.yaml"))
+    plane.kubectl("apply", "-f", "-", input=legal_hold_clusterrole())
     yield plane
-    plane.stop()
+    if own:
+        plane.stop()
+
+
+def legal_hold_clusterrole() -> str:
+    """The chart's ClusterRole for compliance teams, as the chart renders it (a template: it steps aside
+    for one that exists)."""
+    helm = CACHE_BIN / "helm"
+    if not helm.is_file():
+        pytest.fail("helm is not built: scripts/bootstrap builds it from its Go module")
+    chart = REPO / "charts" / "workflow-streams"
+    shown = subprocess.run(
+        [str(helm), "template", "wfs", str(chart), "--show-only", "templates/legal-hold-clusterrole.yaml"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert shown.returncode == 0, shown.stderr
+    return shown.stdout
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """Figures the node tests measured (install to Ready, rollouts): reported, never asserted on time."""
+    if FIGURES:
+        terminalreporter.section("one-node cluster figures")
+        for line in FIGURES:
+            terminalreporter.write_line(line)
 
 
 @pytest.fixture

@@ -20,10 +20,14 @@ def minio_binary() -> Path | None:
 
 
 class MinioServer:
-    """``data``: where objects live (default: a temporary directory, removed by ``stop``)."""
+    """``data``: where objects live (default: a temporary directory, removed by ``stop``); ``host``: the
+    address it listens on (the one-node test cluster's pods reach it on the node's address)."""
 
-    def __init__(self, binary: Path, data: Path | None = None, port: int | None = None) -> None:
+    def __init__(
+        self, binary: Path, data: Path | None = None, port: int | None = None, host: str = "127.0.0.1"
+    ) -> None:
         self.binary = binary
+        self.host = host
         self.port = port or free_port()
         self.console_port = free_port()
         self._own_data = data is None
@@ -33,7 +37,7 @@ class MinioServer:
 
     @property
     def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     def region_config(self, bucket: str) -> dict[str, object]:
         """One ``WFS_S3_REGIONS`` entry on this server."""
@@ -60,7 +64,7 @@ class MinioServer:
                 "server",
                 "--quiet",
                 "--address",
-                f"127.0.0.1:{self.port}",
+                f"{self.host}:{self.port}",
                 "--console-address",
                 f"127.0.0.1:{self.console_port}",
                 str(self.data),
