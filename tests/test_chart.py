@@ -221,6 +221,23 @@ def test_every_rendered_object_is_accepted_by_the_api_server(
     assert result.stdout.count("(server dry run)") == len(rest)
 
 
+def test_install_leaves_crds_applied_with_kubectl_alone(kube: ControlPlane, namespace: str) -> None:
+    """The project README applies crds/ with kubectl (the kube fixture did, and the legal-hold ClusterRole):
+    helm install must not refuse them as "exists and cannot be imported into the current release"; the
+    chart leaves them alone and its notes say so."""
+    result = helm(
+        "install", f"crds-{namespace}", str(CHART), "-n", namespace, "--dry-run=server",
+        "--kubeconfig", str(kube.kubeconfig),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    manifest = result.stdout.split("\nMANIFEST:\n", 1)[1].split("\nNOTES:\n", 1)[0]
+    kinds = [(d["kind"], d["metadata"]["name"]) for d in yaml.safe_load_all(manifest) if d]
+    assert not [k for k in kinds if k[0] == "CustomResourceDefinition"], kinds
+    assert ("ClusterRole", "workflow-streams-legal-hold") not in kinds
+    crds = sum(len(list(yaml.safe_load_all(path.read_text()))) for path in crd_files())
+    assert f"{crds} of the {crds} CRDs were already in the cluster" in " ".join(result.stdout.split())
+
+
 async def test_operator_runs_on_exactly_the_chart_rbac(
     kube: ControlPlane, namespace: str, database_url: str, s3_regions: Any, tmp_path: Path, db: asyncpg.Connection
 ) -> None:

@@ -85,3 +85,34 @@ affinity:
   {{- toYaml . | nindent 2 }}
 {{- end }}
 {{- end -}}
+
+{{/* Whether this release may manage the cluster-wide object (apiVersion, kind, name): it does not exist
+yet, or this release made it. One that something else made (CRDs applied with `kubectl apply -f crds/` as
+the project README says, another release's) is left as it is: helm would refuse to install over it
+("exists and cannot be imported into the current release"). Offline (helm template, --dry-run) `lookup`
+finds nothing, so everything renders. Prints "true" or nothing. */}}
+{{- define "wfs.ours" -}}
+{{- $found := lookup .apiVersion .kind "" .name -}}
+{{- if not $found -}}true
+{{- else -}}
+{{- $annotations := $found.metadata.annotations | default dict -}}
+{{- if and (eq (get $annotations "meta.helm.sh/release-name") .root.Release.Name) (eq (get $annotations "meta.helm.sh/release-namespace") .root.Release.Namespace) -}}true{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The CRDs this release installs, as a list of YAML documents: with crds.create, those of files/crds/
+that are not someone else's (see wfs.ours). */}}
+{{- define "wfs.crdDocuments" -}}
+{{- $docs := list -}}
+{{- if .Values.crds.create -}}
+{{- range $path, $_ := .Files.Glob "files/crds/*.yaml" -}}
+{{- range $doc := regexSplit "(?m)^---\\s*$" ($.Files.Get $path) -1 -}}
+{{- $crd := fromYaml $doc -}}
+{{- if and $crd.metadata (include "wfs.ours" (dict "root" $ "apiVersion" "apiextensions.k8s.io/v1" "kind" "CustomResourceDefinition" "name" $crd.metadata.name)) -}}
+{{- $docs = append $docs (trim $doc) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- toJson $docs -}}
+{{- end -}}
