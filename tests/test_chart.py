@@ -1,8 +1,8 @@
-"""The Helm chart: lint, render, server-side validation, and the operator on exactly the chart's RBAC."""
+"""The Helm chart: lint, render, server-side validation, and the operator on exactly the chart's RBAC.
+Installed for real, with pods, on the one-node cluster: tests/test_chart_node.py."""
 
 from __future__ import annotations
 
-import asyncio
 import filecmp
 import re
 import shlex
@@ -281,79 +281,6 @@ async def test_operator_runs_on_exactly_the_chart_rbac(
         ("create", "clusterrolebindings"),
     ):
         assert not can(*denied), f"the operator may {' '.join(denied)}"
-
-
-def test_kind_end_to_end(tmp_path: Path) -> None:
-    """Where Docker and kind exist: build the image, install the chart with a Postgres, see it Ready.
-    (CI machines have no Docker engine; this runs on a developer's machine that has one.)"""
-    from tests.controlplane import KindPlane, kind_available
-
-    if not kind_available():
-        pytest.skip("kind needs a running Docker engine, which this machine lacks")
-    subprocess.run(["docker", "build", "-t", "workflow-streams:e2e", str(REPO)], check=True, timeout=1200)
-    plane = KindPlane()
-    plane.start()
-    try:
-        plane.cluster.load_docker_image("workflow-streams:e2e")
-        plane.kubectl("create", "namespace", "wfs")
-        plane.kubectl(
-            "-n",
-            "wfs",
-            "run",
-            "postgres",
-            "--image=postgres:15",
-            "--port=5432",
-            "--env=POSTGRES_PASSWORD=e2e",
-            "--labels=app=postgres",
-        )
-        plane.kubectl("-n", "wfs", "expose", "pod", "postgres", "--port=5432")
-        plane.kubectl("-n", "wfs", "wait", "--for=condition=Ready", "pod/postgres", "--timeout=180s")
-        plane.kubectl(
-            "-n",
-            "wfs",
-            "create",
-            "secret",
-            "generic",
-            "workflow-streams-postgres",
-            "--from-literal=dsn=postgresql://postgres:e2e@postgres:5432/postgres",
-        )
-        install = helm(
-            "install",
-            "wfs",
-            str(CHART),
-            "-n",
-            "wfs",
-            "--kubeconfig",
-            str(plane.kubeconfig),
-            "--set",
-            "image.repository=workflow-streams",
-            "--set",
-            "image.tag=e2e",
-            "--set",
-            "image.pullPolicy=Never",
-            "--wait",
-            "--timeout",
-            "5m",
-        )
-        assert install.returncode == 0, install.stderr
-        apply(
-            plane,
-            "wfs",
-            stream_manifest(
-                "e2e",
-                "run-e2e",
-                "e2e",
-                placement={
-                    "metadataHome": "eu-west-1",
-                    "objectRegions": ["eu-west-1"],
-                    "clientEgressRegions": ["eu-west-1"],
-                    "logRegion": "eu-west-1",
-                },
-            ),
-        )
-        asyncio.run(wait_condition(plane, "wfs", "wfs/e2e", "DefinitionSynced", seconds=120))
-    finally:
-        plane.stop()
 
 
 def test_dockerfile_is_lint_clean() -> None:
