@@ -15,7 +15,6 @@ from ..domain.errors import InvalidInput, StreamError
 from ..runtime.live import Delivery
 from ..runtime.reads import SharedPage
 from ..store.bodies import Body, Form
-from ..store.reads import Page
 from . import events
 from .common import STREAM, client_region_of, stream_key
 from .state import principal_of, state_of
@@ -46,15 +45,8 @@ class RecordEvents:
         return Delivery(wire.RETRY + chunk, count, new_last)
 
     def events(self, shared: SharedPage, last: int) -> Delivery:
-        start = shared.start_after(last)
-        events = shared.memo(RecordEvents, _record_events)
-        count = len(events) - start
-        if count <= 0:
-            return Delivery(b"", 0, last)
-        chunk = (
-            shared.memo((RecordEvents, "all"), lambda _: b"".join(events)) if start == 0 else b"".join(events[start:])
-        )
-        return Delivery(chunk, count, shared.page.records[-1].sequence)
+        # the same for every connection at ``last``: made once per page and position
+        return shared.memo((RecordEvents, last), _events_after, last)
 
     def body(self, body: Body, last: int) -> Delivery:
         return Delivery(body.joined(), len(body.values), body.next_after)
@@ -66,8 +58,16 @@ class RecordEvents:
         return wire.error_event(exc)
 
 
-def _record_events(page: Page) -> list[bytes]:
-    return [wire.record_event(r) for r in page.records]
+def _events_after(shared: SharedPage, last: int) -> Delivery:
+    start = shared.start_after(last)
+    events = shared.memo(RecordEvents, _record_events)
+    if start >= len(events):
+        return Delivery(b"", 0, last)
+    return Delivery(b"".join(events[start:]), len(events) - start, shared.page.records[-1].sequence)
+
+
+def _record_events(shared: SharedPage) -> list[bytes]:
+    return [wire.record_event(r) for r in shared.page.records]
 
 
 @routes.get(STREAM + "/subscribe")

@@ -121,12 +121,12 @@ class _StreamFanout:
                 latest = shared.page.bounds.latest
                 self._head = max(self._head, latest)
                 behind = self._write(shared, low)
-                if behind or any(f.last < latest for f in self.followers):
-                    # a follower this read did not cover, or one given less than the page's stream holds
-                    # (a full page, or an encoder's byte budget): read again at once
-                    wake.signal(0)
                 if self.followers:
                     wake.cursor = min(f.last for f in self.followers)
+                    if behind or wake.cursor < latest:
+                        # a follower this read did not cover, or one given less than the page's stream
+                        # holds (a full page, or an encoder's byte budget): read again at once
+                        wake.signal(0)
 
     def _write(self, shared: SharedPage, low: int) -> bool:
         """Offer each follower its part of the page; True if a follower joined behind the page's start

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
-import functools
 
 from aiohttp import web
 
@@ -20,7 +19,6 @@ from ...runtime.live import FOLLOW_PAGE, Delivery
 from ...runtime.reads import SharedPage
 from ...store import durable as store
 from ...store.bodies import Body, Form
-from ...store.reads import Page
 from .. import events
 from ..common import client_region_of
 from ..state import AppState
@@ -133,8 +131,7 @@ class ProtocolEvents:
             if count:
                 # one encoding per page and event for every connection of this content type
                 key = (ProtocolEvents, self._content_type, start, count)
-                encode = functools.partial(_data_event, start=start, count=count, content_type=self._content_type)
-                out.append(shared.memo(key, encode))
+                out.append(shared.memo(key, _data_event, start, count, self._content_type))
                 position = records[start + count - 1].sequence
                 start += count
             out.append(self._control(position, page.bounds.latest, page.closed))
@@ -161,8 +158,8 @@ class ProtocolEvents:
         return str(value)
 
 
-def _data_event(page: Page, start: int, count: int, content_type: str) -> bytes:
-    return wire.data_event(page.records[start : start + count], content_type)
+def _data_event(shared: SharedPage, start: int, count: int, content_type: str) -> bytes:
+    return wire.data_event(shared.page.records[start : start + count], content_type)
 
 
 async def sse(
