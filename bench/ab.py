@@ -1,7 +1,8 @@
 """A/B rounds of append cases on one Postgres: ``python -m bench.ab LABEL=TREE[=VAR:VALUE,...] ...``.
 
-How every "A/B on one Postgres" figure in bench/HISTORY.md was taken. Each variant is a source tree (a
-``git worktree`` at the commit to compare; its ``dataplane`` goes first on ``PYTHONPATH``) and optional
+How bench/README.md's paired figures are taken (direct against pooled, before against after). Each
+variant is a source tree (a ``git worktree`` at the commit to compare; its ``dataplane`` goes first on
+``PYTHONPATH``) and optional
 environment for its server (``W:1`` sets its worker count, ``PY:/path/to/python`` the interpreter, whose
 environment must have the dependencies, ``POOLER:transaction`` puts Debian's PgBouncer in transaction
 pooling, stock settings, between it and Postgres, with LISTEN on a direct DSN). Each round starts a fresh
@@ -23,7 +24,7 @@ server (the full run's order), when it names any.
 before the first round and after every round, each after ``--quiet`` seconds of quiet, and sets every
 append case beside the mean of the two readings around its round: the ratio the issue-13 goals name,
 paired in time, with its median, lowest and highest over the rounds instead of one sample of a
-machine whose speed drifts (``bench.drift``).
+machine whose speed drifts.
 
     python -m bench.ab now=. --cases 1000x32 --rounds 6 --pgbench
 """

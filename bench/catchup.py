@@ -8,7 +8,8 @@ catchup) on our API (``api``), the Durable Streams surface (``ds``) and both sur
 client reading the first 100,000 records from us and from its reference server (in memory, loaded with
 the same records) when Node is there; and the table's size per record, indexes included.
 
-``--profile api`` records the server with py-spy during that case (top functions printed).
+``--profile api`` records the server with py-spy during that case (top functions printed). ``bench.run``
+runs the same cases (``measure``) on its own server.
 """
 
 from __future__ import annotations
@@ -137,46 +138,64 @@ async def storage(dsn: str) -> dict[str, Any]:
         await conn.close()
 
 
+MODES = ("api", "ds", "sse", "ds-sse")
+
+
+async def measure(
+    server: Server,
+    dsn: str,
+    records: int,
+    modes: tuple[str, ...] = MODES,
+    profile: str | None = None,
+    out: Path | None = None,
+    ts: bool = True,
+) -> dict[str, Any]:
+    """Every case against ``server`` (its Postgres at ``dsn``), one line printed each; ``profile`` names
+    a case to record with py-spy (into ``out``)."""
+    await load(server.url, records)
+    results: dict[str, Any] = {"records": records, "storage": await storage(dsn)}
+    raw = results["raw_asyncpg"] = await raw_ceiling(dsn, records)
+    print(f"  raw asyncpg, pages of {RAW_PAGE:,}: {raw['records_per_s']:,} records/s", flush=True)
+    for mode in modes:
+        spied = out / f"{mode}.collapsed" if out is not None and profile == mode else None
+        report = results[mode] = await surface(server, mode, records, spied)
+        report["vs_raw"] = round(report["records_per_s"] / raw["records_per_s"], 3)
+        print(
+            f"  catch-up {mode}: {report['records_per_s']:,.0f} records/s = {report['vs_raw']} x raw asyncpg; "
+            f"CPU cores: generator {report['cpu_share']}, server {report['server_cpu_share']}",
+            flush=True,
+        )
+        if spied is not None and spied.exists():
+            print(top_functions(spied))
+    for live, plain in (("sse", "api"), ("ds-sse", "ds")):
+        if live in results and plain in results:
+            results[live]["vs_plain"] = round(results[live]["records_per_s"] / results[plain]["records_per_s"], 3)
+    if ts:
+        results["ts_client"] = await ts_client(server, min(TS_RECORDS, records))
+        print(f"  TS client: {results['ts_client']}", flush=True)
+    print(f"  on disk: {results['storage']['bytes_per_record']} bytes per record", flush=True)
+    return results
+
+
 async def main(args: argparse.Namespace) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     pg = await start_postgres()
     server = Server(pg.dsn, out / "server.log", workers=1)
-    results: dict[str, Any] = {"records": args.records}
     try:
         await server.ready()
-        await load(server.url, args.records)
-        results["storage"] = await storage(pg.dsn)
-        raw = await raw_ceiling(pg.dsn, args.records)
-        results["raw_asyncpg"] = raw
-        for mode in args.modes:
-            profile = out / f"{mode}.collapsed" if args.profile == mode else None
-            report = await surface(server, mode, args.records, profile)
-            report["vs_raw"] = round(report["records_per_s"] / raw["records_per_s"], 3)
-            results[mode] = report
-            print(mode, report, flush=True)
-            if profile is not None and profile.exists():
-                top = top_functions(profile)
-                (out / f"{mode}-top.txt").write_text(top + "\n")
-                print(top)
-        if "api" in results and "sse" in results:
-            results["sse"]["vs_api"] = round(results["sse"]["records_per_s"] / results["api"]["records_per_s"], 3)
-        if "ds" in results and "ds-sse" in results:
-            results["ds-sse"]["vs_ds"] = round(results["ds-sse"]["records_per_s"] / results["ds"]["records_per_s"], 3)
-        if not args.no_ts:
-            results["ts_client"] = await ts_client(server, min(TS_RECORDS, args.records))
+        results = await measure(server, pg.dsn, args.records, tuple(args.modes), args.profile, out, not args.no_ts)
     finally:
         server.stop()
         pg.destroy()
     (out / "catchup.json").write_text(json.dumps(results, indent=2) + "\n")
-    print(json.dumps(results, indent=2))
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--records", type=int, default=200_000)
-    parser.add_argument("--modes", nargs="+", default=["api", "ds", "sse", "ds-sse"])
-    parser.add_argument("--profile", choices=("api", "ds", "sse", "ds-sse"), help="py-spy the server in this case")
+    parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
+    parser.add_argument("--profile", choices=MODES, help="py-spy the server in this case")
     parser.add_argument("--no-ts", action="store_true", help="skip the TS client comparison")
     parser.add_argument("--out", default=tempfile.mkdtemp(prefix="wfs-catchup-"))
     asyncio.run(main(parser.parse_args()))

@@ -7,11 +7,9 @@ import json
 import os
 import platform
 import resource
-import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -221,32 +219,6 @@ class Server:
 
     def stop(self) -> None:
         self.process.stop(grace=15)
-
-
-async def run_for(seconds: float, workers: int, work: Callable[[int], Awaitable[int]]) -> float:
-    """Run ``workers`` loops of ``work`` for ``seconds``; returns units of work per second."""
-    done = 0
-    stop_at = time.perf_counter() + seconds
-
-    async def loop(worker: int) -> None:
-        nonlocal done
-        while time.perf_counter() < stop_at:
-            done += await work(worker)
-
-    started = time.perf_counter()
-    await asyncio.gather(*(loop(i) for i in range(workers)))
-    return done / (time.perf_counter() - started)
-
-
-def percentiles(samples_ms: list[float]) -> dict[str, float]:
-    if not samples_ms:
-        return {"p50": float("nan"), "p99": float("nan"), "p99.9": float("nan"), "n": 0}
-    ordered = sorted(samples_ms)
-
-    def at(q: float) -> float:
-        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-    return {"p50": at(0.50), "p99": at(0.99), "p99.9": at(0.999), "mean": statistics.fmean(ordered), "n": len(ordered)}
 
 
 # --- CPU of everyone involved -------------------------------------------------------------------

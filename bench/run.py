@@ -1,10 +1,11 @@
-"""Run the benchmarks: ``python -m bench.run [--quick] [--workers N] [--nats] [--out DIR]``.
+"""Run the benchmarks: ``python -m bench.run [--quick] [--workers N] [--out DIR]``.
 
-Starts its own PostgreSQL (fsync on), measures the Postgres ceilings with pgbench, then runs
-``workflow-streams serve`` as a separate process and drives it with the compiled generator
-(``bench/loadgen``). Writes results.json and results.md into --out, with the machine described;
-every throughput is also a ratio to pgbench ``-N`` measured in the same run, and every figure has
-the generator's, the server's and Postgres' CPU beside it.
+Starts its own PostgreSQL (fsync on), measures the Postgres ceilings with pgbench and the bare-server
+ceiling, then runs ``workflow-streams serve`` as a separate process and drives it with the compiled
+generator (``bench/loadgen``): appends, live delivery over SSE, catch-up reads (``bench.catchup``). It
+prints one line per case and writes results.json into --out, with the machine described; every
+throughput is also a ratio to a ceiling measured in the same run, and every figure has the generator's,
+the server's and Postgres' CPU beside it. The current figures are in bench/README.md.
 """
 
 from __future__ import annotations
@@ -18,9 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import workflow_streams
-from bench import bare, generator, nats_peer, scenarios
+from bench import bare, catchup, generator, scenarios
 from bench.harness import Server, machine, raise_open_files_limit, start_postgres
-from bench.report import write_report
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -60,19 +60,14 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         print("live delivery over SSE", flush=True)
         results["sse"] = await scenarios.deliveries(server, pg, timing)
         await scenarios.settle()
-        print("catch-up read", flush=True)
-        results["catch_up"] = await scenarios.catch_up(server, pg.dsn, timing.catch_up_records)
+        print("catch-up reads", flush=True)
+        results["catch_up"] = await catchup.measure(server, pg.dsn, timing.catch_up_records)
     finally:
         if server is not None:
             server.stop()
         await asyncio.to_thread(pg.destroy)
-    nats_bin = generator.CACHE_BIN / "nats-server"
-    if args.nats and nats_bin.is_file():
-        print("peer: NATS JetStream (Python client: its figures are bounded by the client)", flush=True)
-        results["nats"] = await nats_peer.measure(nats_bin, timing.append_seconds, 100 if args.quick else 300)
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
-    write_report(results, out)
-    print(f"wrote {out / 'results.md'} and {out / 'results.json'}", flush=True)
+    print(f"wrote {out / 'results.json'}", flush=True)
     return results
 
 
@@ -94,8 +89,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="short measurements (~3 minutes instead of ~10)")
     parser.add_argument("--workers", type=int, help="pass --workers N to `workflow-streams serve`")
-    parser.add_argument("--nats", action="store_true", help="also measure NATS JetStream (built by bootstrap)")
-    parser.add_argument("--note", help="a line about this run for results.md (machine state, what changed)")
+    parser.add_argument("--note", help="a line about this run for results.json (machine state, what changed)")
     parser.add_argument("--out", type=Path, default=Path("bench/results/latest"))
     asyncio.run(run(parser.parse_args()))
 

@@ -4,7 +4,6 @@ compiled generator (``bench/loadgen``), each with the generator's, the server's 
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 import resource
 import time
@@ -13,12 +12,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import asyncpg
 
 from bench import generator
 from bench.harness import (
-    AUTH,
     PREFIX,
     TOKEN,
     Meter,
@@ -32,7 +29,6 @@ from bench.harness import (
     process_tree_cpu,
 )
 from workflow_streams.localpg import LocalPostgres
-from workflow_streams.store.reads import RECORD_COLUMNS
 
 PGBENCH_SCRIPTS = Path(__file__).resolve().parent / "pgbench"
 
@@ -57,7 +53,7 @@ QUICK = Timing(
     append_warmup=1.0,
     append_seconds=4.0,
     sse_seconds=5.0,
-    catch_up_records=20_000,
+    catch_up_records=200_000,
 )
 FULL = Timing(
     pgbench_seconds=20,
@@ -337,67 +333,6 @@ async def deliveries(server: Server, pg: LocalPostgres, timing: Timing) -> list[
             flush=True,
         )
     return out
-
-
-# --- catch-up -----------------------------------------------------------------------------------
-
-
-async def catch_up(server: Server, dsn: str, count: int) -> dict[str, Any]:
-    """Reading a long stream from a cold cursor: HTTP pages vs the same SELECT on asyncpg. One
-    sequential reader of 1,000-record pages, so the Python client is not what limits it."""
-    run, stream = f"c-{uuid.uuid4().hex[:8]}", "s"
-    value = "y" * 1000
-    async with aiohttp.ClientSession() as session:
-        async with session.post(
-            f"{server.url}{PREFIX}/runs/{run}/streams", json={"stream_id": stream, "pins": pins()}, headers=AUTH
-        ) as resp:
-            assert resp.status in (200, 201), await resp.text()
-        for _ in range(count // 1000):
-            async with session.post(
-                f"{server.url}{PREFIX}/runs/{run}/streams/{stream}/records",
-                json={"records": [{"data": value}] * 1000},
-                headers=AUTH,
-            ) as resp:
-                assert resp.status == 201, await resp.text()
-        started, after, got, size = time.perf_counter(), 0, 0, 0
-        while got < count:
-            async with session.get(
-                f"{server.url}{PREFIX}/runs/{run}/streams/{stream}/records",
-                params={"after": str(after), "limit": "1000"},
-                headers=AUTH,
-            ) as resp:
-                body = await resp.read()
-            page = json.loads(body)
-            got += len(page["records"])
-            size += len(body)
-            after = page["next_after"]
-        ours = got / (time.perf_counter() - started)
-    conn = await asyncpg.connect(dsn)
-    started, after, got = time.perf_counter(), 0, 0
-    while got < count:
-        rows = await conn.fetch(
-            # the server's record columns (kind and size computed, migration 482) by the stream's surrogate key
-            f"""SELECT {RECORD_COLUMNS} FROM wfs_records r
-                WHERE r.stream_key = (SELECT stream_key FROM wfs_streams WHERE run_id = $1 AND stream_id = $2)
-                  AND r.sequence > $3 ORDER BY r.sequence LIMIT 1000""",
-            run,
-            stream,
-            after,
-        )
-        got += len(rows)
-        after = rows[-1]["sequence"]
-    base = got / (time.perf_counter() - started)
-    await conn.close()
-    print(
-        f"  catch-up: {ours:,.0f} rec/s ({ours * size / count / 1e6:.1f} MB/s) vs direct {base:,.0f} rec/s", flush=True
-    )
-    return {
-        "records": count,
-        "ours_records_per_s": round(ours),
-        "ours_mb_per_s": round(ours * size / count / 1e6, 1),
-        "direct_records_per_s": round(base),
-        "ratio": _ratio(ours, base),
-    }
 
 
 async def settle(seconds: float = 1.0) -> None:

@@ -22,7 +22,7 @@ Then measures, each as a ratio to its goal or to the small database measured in 
 5. the longest append stall while one stream with a million prunable records (``--quick``: 100,000)
    is pruned, against the same appends with no prune.
 
-Writes results.json and results.md into --out.
+Writes results.json into --out.
 """
 
 from __future__ import annotations
@@ -532,83 +532,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     finally:
         await asyncio.to_thread(pg.destroy)
     (out / "results.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
-    (out / "results.md").write_text(report(results))
-    print(f"wrote {out / 'results.md'}", flush=True)
     return results
-
-
-def report(r: dict[str, Any]) -> str:
-    d, ds, s, lat, su, bp = r["disk"], r["disk_steady"], r["sweeps"], r["latency"], r["sustained"], r["big_prune"]
-
-    def row(case: str, what: str, label: str) -> str:
-        f = lat[case][what]
-        ratio = f" (x{lat[f'{case}_over_small'][f'{what}_p50']:.2f})" if case != "small_1000" else ""
-        goal = "<= x1.2" if case != "small_1000" else ""
-        return (
-            f"| {what} p50 / p99, {label} | {f['p50_ms']:.2f} / {f['p99_ms']:.2f} ms{ratio} | {f['per_s']:,.0f}/s, "
-            f"generator {f['generator_cores']:.2f} cores, others {f['others_cores']:.2f} | {goal} |"
-        )
-
-    ceil = r["page_read_ceiling"]
-    pg_small = statistics.median(c["latency_avg_ms"] for c in ceil["small_1000"])
-    pg_large = statistics.median(c["latency_avg_ms"] for c in ceil["large_all"])
-    lines = [
-        f"# Scale benchmark ({r['mode']}): {r['large_streams']:,} streams x {r['records_per_stream']} records",
-        "",
-        f"Machine: {r['machine']['cpu']}, {r['machine']['cores']} cores, {r['machine']['postgres']}. "
-        "Server, Postgres and the generator share the cores, and other sessions may use them too: each latency "
-        "row gives the generator's CPU (most of any window) and the median CPU other processes took in its "
-        f"windows, in cores. Latency figures are medians over {lat['rounds']} interleaved rounds of "
-        f"{lat['seconds']:g} s per case (8 connections, `wfs-loadgen`).",
-        "",
-        "| figure | measured | load, CPU | goal |",
-        "| --- | ---: | ---: | ---: |",
-        f"| sweep, 1,000 due (median of 3) | {s['due_1000_s']['median']:.3f} s | | < 2 s |",
-        f"| sweep, none due (median of 7) | {s['none_due_s']['median'] * 1000:.1f} ms | | < 100 ms |",
-        row("small_1000", "append", "1,000-stream db"),
-        row("large_1000", "append", "large db, 1,000 of its streams"),
-        row("large_all", "append", "large db, all its streams"),
-        row("small_1000", "read", "1,000-stream db"),
-        row("large_1000", "read", "large db, 1,000 of its streams"),
-        row("large_all", "read", "large db, all its streams"),
-        f"| read ratios by round, large (1,000) / small; large (all) / small | "
-        f"{lat['large_1000_over_small']['read_p50_by_round']}; "
-        f"{lat['large_all_over_small']['read_p50_by_round']} | | |",
-        f"| page read in Postgres alone (pgbench, 8 clients), small / large (all) | {pg_small:.3f} / {pg_large:.3f} ms "
-        f"(x{pg_large / pg_small:.2f}) | shared-buffer misses "
-        f"{statistics.median(c['shared_buffer_misses'] for c in ceil['small_1000']) * 100:.1f}% / "
-        f"{statistics.median(c['shared_buffer_misses'] for c in ceil['large_all']) * 100:.1f}% | |",
-        f"| sustained appends into streams at their limit | {su['appends_per_s']:.0f}/s, pruner busy "
-        f"{su['pruner_duty'] * 100:.0f}% of the time, excess after sweeps first/max/last "
-        f"{su['excess_records_after_sweep']['first']}/{su['excess_records_after_sweep']['max']}/"
-        f"{su['excess_records_after_sweep']['last']} | | 2,000/s kept up |",
-        f"| big prune: {bp['pruned']:,} records | {bp['prune_s']:.1f} s ({bp['pruned_per_s']:,.0f}/s, "
-        f"{bp['transactions']} transactions) | | |",
-        f"| append max / p99 during it (without) | {bp['append_during_prune_ms']['max']} / "
-        f"{bp['append_during_prune_ms']['p99']} ms ({bp['append_without_prune_ms']['max']} / "
-        f"{bp['append_without_prune_ms']['p99']} ms) | | |",
-        f"| bytes on disk per 100-byte record, indexes included, after the bulk load (large db) | "
-        f"{d['bytes_per_record']} (heap {d['heap_per_record']}, indexes {d['indexes_per_record']}) | | <= 250 |",
-        f"| the same in steady state: {ds['streams']:,} streams at their limit, 2,000 appends/s with the pruner "
-        f"every second and autovacuum, {ds['turnovers']} turnovers | {ds['bytes_per_record']} "
-        f"(heap {ds['heap_per_record']}, indexes {ds['indexes_per_record']}; {ds['records']:,} records, "
-        f"{ds['vacuum']['n_dead_tup']:,} dead, {ds['vacuum']['autovacuum_count']} autovacuums) | | <= 250 |",
-        f"| bytes per stream row (wfs_streams with its indexes) | {d['bytes_per_stream_row']} | | |",
-        "",
-        "Due-index plan (sweep's claim scan):",
-        "",
-        "```",
-        *s["due_index_plan"],
-        "```",
-        "",
-        "Page read plan on the large db (a stream not read before):",
-        "",
-        "```",
-        *ceil["large_all"][-1]["plan"],
-        "```",
-        "",
-    ]
-    return "\n".join(lines)
 
 
 def main() -> None:
