@@ -33,6 +33,24 @@ pytest_plugins = ["tests.topology_fixtures"]
 TEMPLATE = "wfs_template"
 REPO = Path(__file__).resolve().parents[1]
 
+# Fixtures that start or reach a service (Postgres, S3, Kubernetes, a server): a test marked ``unit`` uses
+# none of them, so `pytest -m unit` runs in seconds on a machine with nothing installed (scripts/test
+# runs it first: a broken rule fails before anything starts).
+SERVICE_FIXTURES = frozenset(
+    {
+        "pg", "own_pg", "database_url", "db", "client", "api", "aiohttp_client", "aiohttp_server", "minio",
+        "s3", "s3_regions", "node_cluster", "kube", "namespace", "pgbouncer", "sync_replication",
+        "async_replication", "partition", "partitioned_pg",
+    }
+)  # fmt: skip
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        services = SERVICE_FIXTURES.intersection(getattr(item, "fixturenames", ()))
+        if services and item.get_closest_marker("unit") is not None:
+            raise pytest.UsageError(f"{item.nodeid} is marked unit but uses {', '.join(sorted(services))}")
+
 
 def _terminate_as_interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt(f"signal {signum}")

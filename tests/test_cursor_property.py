@@ -24,6 +24,7 @@ def model_read(retained: list[int], latest: int, after: int, limit: int) -> tupl
     return "ok", [s for s in retained if s > after][:limit]
 
 
+@pytest.mark.unit
 @given(
     earliest_offset=st.integers(0, 50),
     count=st.integers(0, 50),

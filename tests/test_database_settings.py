@@ -8,6 +8,8 @@ import pytest
 from workflow_streams.config import Settings
 from workflow_streams.store.db import Connecting
 
+pytestmark = pytest.mark.unit
+
 BASE = {"WFS_DATABASE_URL": "postgresql://u@pooler:6432/wfs"}
 
 

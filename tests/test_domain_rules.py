@@ -17,6 +17,8 @@ from workflow_streams.domain.records import parse_append_body
 from workflow_streams.domain.redaction import loggable_payload
 from workflow_streams.domain.wakes import MAX_PAYLOAD_BYTES, RECORDS, Signal, decode, encode
 
+pytestmark = pytest.mark.unit
+
 JSON_TYPES = ["application/json", "Application/JSON", "application/json; charset=utf-8", "application/cloudevents+json"]
 NOT_JSON = ["text/json", "application/x-ndjson", "application/jsonl", "text/plain", "application/octet-stream", ""]
 

@@ -16,6 +16,8 @@ from tests.waiting import eventually
 from workflow_streams.local.process import NotReady, Process, ProcessExited, http_ok
 from workflow_streams.localpg import free_port
 
+pytestmark = pytest.mark.unit
+
 
 def python(code: str) -> list[str]:
     return [sys.executable, "-u", "-c", textwrap.dedent(code)]

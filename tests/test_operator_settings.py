@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from workflow_streams.config import Settings
 from workflow_streams_operator.settings import OperatorSettings, priority
+
+pytestmark = pytest.mark.unit
 
 ENV = {
     "WFS_DATABASE_URL": "postgresql://db/wfs",

@@ -92,6 +92,7 @@ async def test_payload_logs_follow_the_log_region(
     assert all(not hasattr(r, "wfs_payload") for r in payload_logs.records)
 
 
+@pytest.mark.unit
 def test_masking_rules() -> None:
     pins = parse_pins(
         {
