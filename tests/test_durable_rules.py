@@ -12,8 +12,10 @@ from hypothesis import strategies as st
 
 from workflow_streams import wire
 from workflow_streams.domain import durable as rules
-from workflow_streams.domain.durable_pins import default_template, pins_for
+from workflow_streams.domain.durable_pins import default_template, pins_from_template
 from workflow_streams.domain.errors import InvalidInput, PayloadTooLarge
+
+pytestmark = pytest.mark.unit
 
 SEQUENCES = st.integers(min_value=0, max_value=2**63 - 1)
 
@@ -157,7 +159,7 @@ def test_sse_events_cannot_be_split_by_payload_line_breaks() -> None:
 def test_template_pins_name_the_creator() -> None:
     template = default_template("eu-west-1", None)
     template["authorization"] = {"append": ["$creator"], "read": ["$creator", "group:readers"]}
-    pins = pins_for(template, "alice")
+    pins = pins_from_template(template, "alice")
     assert pins.authorization.append == ["alice"]
     assert pins.authorization.read == ["alice", "group:readers"]
     assert pins.placement.metadata_home == "eu-west-1"

@@ -25,7 +25,7 @@ from workflow_streams.domain.pins import (
     document_digest,
     parse_pins,
 )
-from workflow_streams.store import definitions
+from workflow_streams.store import definitions, streams
 from workflow_streams.store.db import create_pool
 from workflow_streams_operator.convert import pins_from_spec, spec_from_pins
 
@@ -186,8 +186,8 @@ def test_versions_this_release_cannot_read_are_refused(version: Any) -> None:
 
 
 def test_pins_are_parsed_once_per_stored_document() -> None:
-    """The append path calls pins_of on every request: a cache hit is one dict lookup."""
+    """Every stream row read maps its pins through row_pins: a cache hit is one dict lookup."""
     fixture = STORED["unversioned/minimal.json"]
     row = {"pins_digest": fixture["pins_digest"], "pins": fixture["stored"]}
-    first = definitions.pins_of(row)
-    assert definitions.pins_of({**row, "pins": None}) is first
+    first = streams.row_pins(row)
+    assert streams.row_pins({**row, "pins": None}) is first

@@ -64,10 +64,10 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: kopf
         application_name="wfs-operator",
     )
     regions = dict(config.shared.s3_regions)
-    memo.store = None
+    memo.object_store = None
     if regions:
-        memo.store = ObjectStore(regions)
-        await memo.store.open()
+        memo.object_store = ObjectStore(regions)
+        await memo.object_store.open()
     memo.bucket_locks = collections.defaultdict(asyncio.Lock)
     # (run_id, stream_id) -> set when the stream's hold state may have changed (report_legal_hold)
     memo.hold_changes = collections.defaultdict(asyncio.Event)
@@ -80,8 +80,8 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: kopf
 
 @kopf.on.cleanup()
 async def cleanup(memo: kopf.Memo, **_: Any) -> None:
-    if memo.get("store") is not None:
-        await memo.store.close()
+    if memo.get("object_store") is not None:
+        await memo.object_store.close()
     if memo.get("pool") is not None:
         await memo.pool.close()
 
@@ -148,17 +148,17 @@ async def reconcile_stream(
 async def _sync_bucket_policies(
     memo: kopf.Memo, run_id: str, stream_id: str, object_regions: list[str], egress_regions: list[str]
 ) -> int:
-    store: ObjectStore | None = memo.store
-    if store is None:
+    object_store: ObjectStore | None = memo.object_store
+    if object_store is None:
         return 0
     for region in object_regions:
-        bucket = store.bucket(region)  # ObjectRegionUnavailable if this region has no store
+        bucket = object_store.bucket(region)  # ObjectRegionUnavailable if this region has no object store
         async with memo.bucket_locks[bucket]:
-            policy = await store.bucket_policy(region)
+            policy = await object_store.bucket_policy(region)
             statement = bucketpolicy.stream_statement(
                 bucket, run_id, stream_id, egress_regions, memo.settings.shared.region_cidrs
             )
-            await store.put_bucket_policy(region, bucketpolicy.with_statement(policy, statement))
+            await object_store.put_bucket_policy(region, bucketpolicy.with_statement(policy, statement))
     return len(object_regions)
 
 
@@ -188,15 +188,15 @@ async def delete_stream(
     except DB_UNAVAILABLE as exc:
         raise kopf.TemporaryError(f"database unavailable: {exc}", delay=RETRY_SECONDS) from None
     logger.info("stream %s/%s deleted; %d objects queued for deletion", run_id, stream_id, len(queued))
-    store: ObjectStore | None = memo.store
-    if store is not None:
+    object_store: ObjectStore | None = memo.object_store
+    if object_store is not None:
         sid = bucketpolicy.statement_id(run_id, stream_id)
         for region in spec["pins"]["placement"]["objectRegions"]:
             try:
-                bucket = store.bucket(region)
+                bucket = object_store.bucket(region)
                 async with memo.bucket_locks[bucket]:
-                    policy = await store.bucket_policy(region)
-                    await store.put_bucket_policy(region, bucketpolicy.without_statement(policy, sid))
+                    policy = await object_store.bucket_policy(region)
+                    await object_store.put_bucket_policy(region, bucketpolicy.without_statement(policy, sid))
             except (*S3_ERRORS, StreamError) as exc:
                 logger.warning("could not remove the bucket policy statement in %s: %s", region, exc)
 
@@ -290,7 +290,7 @@ async def place_hold(
     reason = f"matter {spec['matterId']}: {spec['reason']}"
     try:
         await apply_legal_hold(
-            memo.pool, memo.store, run_id, stream_id, hold_id(namespace, name), True, reason, _requester(spec)
+            memo.pool, memo.object_store, run_id, stream_id, hold_id(namespace, name), True, reason, _requester(spec)
         )
     except NotFound:
         raise kopf.TemporaryError("the stream has no definition yet", delay=RETRY_SECONDS) from None
@@ -320,7 +320,7 @@ async def release_hold(
     (ids,) = stream_ids[key]
     try:
         await apply_legal_hold(
-            memo.pool, memo.store, ids[0], ids[1], hold_id(namespace, name), False, "", _requester(spec)
+            memo.pool, memo.object_store, ids[0], ids[1], hold_id(namespace, name), False, "", _requester(spec)
         )
     except NotFound:
         return

@@ -192,26 +192,26 @@ def create_app(settings: Settings, *, siblings: Siblings | None = None) -> web.A
         interest = Interest(append_pool) if settings.wake_source == "listen" else None
         hub = WakeHub(wake_source(settings), pool, settings.head_poll_seconds, interest=interest, durability=durability)
         await hub.start(supervisor)
-        store = None
+        object_store = None
         if settings.s3_regions:
-            store = ObjectStore(settings.s3_regions)
-            await store.open()
+            object_store = ObjectStore(settings.s3_regions)
+            await object_store.open()
         reviewer = TokenReviewer(settings.kube_auth) if settings.kube_auth else None
         authenticator = TokenAuthenticator(settings.tokens, reviewer)
         shared_reads = SharedReads(pool, hub, durability)
         live = Live(pool, hub, durability, shared_reads, supervisor, max_per_principal=settings.sse_max_per_principal)
         appends = GroupCommit(append_pool, hub, durability)
         app[STATE] = AppState(
-            settings, pool, hub, authenticator, shared_reads, appends, live, supervisor, durability, store
+            settings, pool, hub, authenticator, shared_reads, appends, live, supervisor, durability, object_store
         )
         supervisor.start("sampler", functools.partial(run_sampler, pool, settings.metrics_sample_seconds))
-        if store is not None and settings.janitor_interval_seconds > 0:
+        if object_store is not None and settings.janitor_interval_seconds > 0:
             supervisor.start(
                 "janitor",
                 functools.partial(
                     run_janitor,
                     pool,
-                    store,
+                    object_store,
                     settings.janitor_interval_seconds,
                     settings.deletion_outbox_retention_seconds,
                 ),
@@ -227,8 +227,8 @@ def create_app(settings: Settings, *, siblings: Siblings | None = None) -> web.A
         await durability.close()
         if reviewer is not None:
             await reviewer.close()
-        if store is not None:
-            await store.close()
+        if object_store is not None:
+            await object_store.close()
         await appends.close()
         await append_pool.close()
         await pool.close()

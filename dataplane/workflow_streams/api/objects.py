@@ -30,10 +30,10 @@ INTENT = STREAM + "/objects/{intent_id}"
 DOWNLOAD_CHUNK_BYTES = 256 * 1024
 
 
-def _store(app: AppState) -> ObjectStore:
-    if app.objects is None:
+def _object_store(app: AppState) -> ObjectStore:
+    if app.object_store is None:
         raise ObjectRegionUnavailable(app.settings.objects_pending or "this data plane has no object store configured")
-    return app.objects
+    return app.object_store
 
 
 def _intent_id(request: web.Request) -> str:
@@ -50,9 +50,9 @@ async def prepare(request: web.Request) -> web.Response:
     principal = await principal_of(request)
     run_id, stream_id = stream_key(request)
     pins = parse_prepare(await read_json(request))
-    store = _store(app)
+    object_store = _object_store(app)
     async with app.pool.acquire() as conn:
-        intent, created = await objects.prepare(conn, run_id, stream_id, pins, principal, store.bucket)
+        intent, created = await objects.prepare(conn, run_id, stream_id, pins, principal, object_store.bucket)
     body = intent.to_json()
     body["upload_url"] = str(
         request.app.router["upload_object"].url_for(run_id=run_id, stream_id=stream_id, intent_id=body["intent_id"])
@@ -77,7 +77,7 @@ async def upload(request: web.Request) -> web.Response:
     principal = await principal_of(request)
     run_id, stream_id = stream_key(request)
     intent_id = _intent_id(request)
-    store = _store(app)
+    object_store = _object_store(app)
     async with app.pool.acquire() as conn:
         intent = await objects.get_intent(conn, run_id, stream_id, intent_id, principal)
         objects.check_uploadable(intent, dt.datetime.now(dt.UTC))
@@ -88,9 +88,9 @@ async def upload(request: web.Request) -> web.Response:
             field="Content-Length",
         )
     chunks = chunks_with_idle_timeout(request, app.settings.body_timeout_seconds)
-    checksum = await store.upload(intent.region, intent.object_key, chunks, intent.size, intent.sha256, held)
+    checksum = await object_store.upload(intent.region, intent.object_key, chunks, intent.size, intent.sha256, held)
     async with app.pool.acquire() as conn:
-        # the caller was authorized on this intent above; the store hands back the intent as it now is
+        # the caller was authorized on this intent above; store.objects hands back the intent as it now is
         intent = await objects.mark_uploaded(conn, intent_id, checksum)
     return json_response(intent.to_json())
 
@@ -101,10 +101,10 @@ async def commit(request: web.Request) -> web.Response:
     principal = await principal_of(request)
     run_id, stream_id = stream_key(request)
     intent_id = _intent_id(request)
-    store = _store(app)
+    object_store = _object_store(app)
     async with app.pool.acquire() as conn:
         intent = await objects.get_intent(conn, run_id, stream_id, intent_id, principal)
-    evidence = await store.evidence(intent.region, intent.object_key)
+    evidence = await object_store.evidence(intent.region, intent.object_key)
 
     async def attempt() -> AppendResult:
         return await committed(
@@ -125,7 +125,7 @@ async def commit(request: web.Request) -> web.Response:
     async with app.pool.acquire() as conn:
         held = await retention.is_held(conn, run_id, stream_id)
     if held:  # a hold placed while the upload was in flight still covers this object
-        await store.set_legal_hold(intent.region, intent.object_key, True)
+        await object_store.set_legal_hold(intent.region, intent.object_key, True)
     return json_response(
         {"intent_id": intent_id, "sequence": result.first_sequence}, status=200 if result.replayed else 201
     )
@@ -193,7 +193,7 @@ async def download(request: web.Request) -> web.StreamResponse:
         headers["Content-Range"] = f"bytes {first}-{last}/{size}"
     response = web.StreamResponse(status=206 if wanted is not None else 200, headers=headers)
     response.content_length = last - first + 1
-    body = await _store(app).get(meta["region"], meta["key"], wanted)
+    body = await _object_store(app).get(meta["region"], meta["key"], wanted)
     async with body:
         await response.prepare(request)
         request[STREAMING] = True  # from here an error can only cut the response short

@@ -30,7 +30,7 @@ class AppState:
     live: Live
     supervisor: Supervisor
     durability: Durability
-    objects: ObjectStore | None = None
+    object_store: ObjectStore | None = None
 
 
 STATE = web.AppKey("workflow_streams_state", AppState)

@@ -206,7 +206,7 @@ async def legal_hold(request: web.Request) -> web.Response:
     if not isinstance(hold_id, str):
         raise InvalidInput("hold_id must be a string", field="hold_id")
     check_id("hold_id", hold_id)
-    state = await apply_legal_hold(app.pool, app.objects, run_id, stream_id, hold_id, enabled, reason, principal)
+    state = await apply_legal_hold(app.pool, app.object_store, run_id, stream_id, hold_id, enabled, reason, principal)
     return json_response(state.to_json())
 
 

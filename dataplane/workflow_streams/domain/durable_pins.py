@@ -41,7 +41,7 @@ def default_template(region: str, metadata_region: str | None) -> dict[str, Any]
     }
 
 
-def pins_for(template: Mapping[str, Any], creator: str) -> StreamPins:
+def pins_from_template(template: Mapping[str, Any], creator: str) -> StreamPins:
     """The template with ``$creator`` replaced, validated like pins sent to our own API."""
     raw = copy.deepcopy(dict(template))
     authorization = raw.get("authorization")

@@ -26,16 +26,16 @@ class Batches(Generic[T]):
         max_batch: int,
         max_inflight: int,
         name: str,
-        hold: Callable[[int], Awaitable[None]] | None = None,
+        gather: Callable[[int], Awaitable[None]] | None = None,
     ) -> None:
-        """``run`` gets each batch; it settles its items itself. ``hold``, if given, is awaited by a task
-        before it takes its batch, with the number of items queued then (the group commit waits there
-        for more)."""
+        """``run`` gets each batch; it settles its items itself. ``gather``, if given, is awaited by a task
+        before it takes its batch, with the number of items queued then (the group commit gathers more
+        requests there)."""
         self._run = run
         self._max_batch = max_batch
         self._max_inflight = max_inflight
         self._name = name
-        self._hold = hold
+        self._gather = gather
         self._queue: list[T] = []
         self._running: set[asyncio.Task[None]] = set()
         self._gathering = False  # a task has been started and has not taken its batch yet
@@ -66,8 +66,8 @@ class Batches(Generic[T]):
         self._start()
 
     async def _take_and_run(self) -> None:
-        if self._hold is not None:
-            await self._hold(len(self._queue))
+        if self._gather is not None:
+            await self._gather(len(self._queue))
         self._gathering = False
         batch = self._queue[: self._max_batch]
         del self._queue[: self._max_batch]

@@ -97,7 +97,8 @@ class GroupCommit:
         self._hub = hub
         self._durability = durability
         self._max_batch = max_batch
-        self._wait_for_more = gather or _turns(self.GATHER_TURNS)
+        # what a transaction awaits to gather more requests: GATHER_TURNS turns of the loop, unless given
+        self._gather = gather or _gather_turns(self.GATHER_TURNS)
         self._last_batch = 0  # requests in the batch taken last
         # A connection whose COMMIT began the next transaction, kept for it: under load every transaction
         # would otherwise open with a BEGIN round trip of its own (see _transaction).
@@ -111,7 +112,7 @@ class GroupCommit:
             max_batch=max_batch,
             max_inflight=max_inflight,
             name="wfs-group-commit",
-            hold=self._gather,
+            gather=self._gather_if_busy,
         )
 
     def append(self, request: AppendRequest) -> asyncio.Future[AppendResult]:
@@ -123,10 +124,10 @@ class GroupCommit:
         # future itself, not a coroutine awaiting it: one frame less per append.)
         return future
 
-    async def _gather(self, queued: int) -> None:
-        # after a batch of several, a transaction first waits for more (GATHER_TURNS)
+    async def _gather_if_busy(self, queued: int) -> None:
+        # after a batch of several, a transaction first gathers more (GATHER_TURNS)
         if self._last_batch > 1 and queued < self._max_batch:
-            await self._wait_for_more()
+            await self._gather()
 
     async def _commit_batch(self, waiters: list[_Waiter]) -> None:
         self._last_batch = len(waiters)
@@ -273,12 +274,12 @@ class _Unsent(Exception):
     """The batch's connection was lost before its COMMIT was sent: nothing was committed (the cause)."""
 
 
-def _turns(count: int) -> Callable[[], Awaitable[None]]:
-    async def hold() -> None:
+def _gather_turns(count: int) -> Callable[[], Awaitable[None]]:
+    async def gather() -> None:
         for _ in range(count):
             await asyncio.sleep(0)  # asyncio's own "let everything ready run first"
 
-    return hold
+    return gather
 
 
 def _fail(waiters: list[_Waiter], exc: BaseException) -> None:

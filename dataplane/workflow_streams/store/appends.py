@@ -147,7 +147,7 @@ BEGIN = "BEGIN; " + " ".join(f"SET LOCAL {name} = {value};" for name, value in T
 # whole table (Postgres at a full core for 550 appends/s in the benchmark; auto_explain showed it).
 # The ack is read in the statement's snapshot, which may predate the lock's wait: acks only advance,
 # so an older one can only refuse credit that a retry (woken by the ack's signal) then grants.
-# The stream's columns are named, without the pins document (``streams.pins_for``), with the WAL timeline
+# The stream's columns are named, without the pins document (``streams.pins_by_digest``), with the WAL timeline
 # the transaction runs on (store.wal: what its COMMIT confirms).
 _LOCK = db.kept(f"""
 SELECT s.stream_key, s.run_id, s.stream_id, s.pins_digest, s.created_by, s.last_sequence, s.appended_bytes,
@@ -345,7 +345,7 @@ async def append_batch(conn: asyncpg.Connection, requests: Sequence[AppendReques
     """Decide and write ``requests`` (any streams) in the caller's transaction. Each request gets its
     result or the error that refused it; refusals write nothing and never fail the others."""
     rows = await lock_streams(conn, [q.key for q in requests])
-    pins_by_digest = await streams.pins_for(conn, rows.values())
+    digest_pins = await streams.pins_by_digest(conn, rows.values())
     usages = _usages(rows)
     receipts = await _receipts(conn, requests)
     batch = Batch(outcomes=[])
@@ -356,7 +356,7 @@ async def append_batch(conn: asyncpg.Connection, requests: Sequence[AppendReques
         if row is None:
             batch.outcomes.append(StreamNotFound("no such stream"))
             continue
-        pins = pins_by_digest[row["pins_digest"]]
+        pins = digest_pins[row["pins_digest"]]
         usage = usages[key]
         try:
             result = _decide(row, pins, usage, request, receipts)

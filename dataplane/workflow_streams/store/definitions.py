@@ -62,10 +62,6 @@ class StreamState:
         }
 
 
-# compatibility names for the modules that still take a raw row (appends, durable): the loader is streams.load
-pins_of = streams.pins_of
-
-
 def _definition(row: StreamRow) -> Definition:
     return Definition(
         run_id=row.run_id,
@@ -156,11 +152,6 @@ def _state_of(stream: StreamRow, holds: list[dict[str, Any]]) -> StreamState:
 
 async def _state(conn: asyncpg.Connection, stream: StreamRow) -> StreamState:
     return _state_of(stream, await _active_holds(conn, stream.run_id, stream.stream_id))
-
-
-async def lock_stream(conn: asyncpg.Connection, run_id: str, stream_id: str) -> StreamRow:
-    """Compatibility name: ``streams.load(..., lock=True)``."""
-    return await streams.load(conn, run_id, stream_id, lock=True)
 
 
 async def close_stream(conn: asyncpg.Connection, run_id: str, stream_id: str, caller: Caller) -> Changed[StreamState]:

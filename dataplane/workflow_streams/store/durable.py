@@ -39,7 +39,6 @@ from ..domain.pins import StreamPins
 from ..domain.records import RecordIn
 from ..domain.wakes import Changed, Signal, records_changed
 from . import appends, db, definitions, streams
-from .definitions import lock_stream
 from .streams import StreamRow
 
 OWN_CONTENT_TYPE = "application/json"
@@ -168,9 +167,9 @@ def _meta(row: asyncpg.Record, stream: StreamRow) -> Meta:
     )
 
 
-async def fetch(conn: asyncpg.Connection, run_id: str, stream_id: str) -> Meta | None:
-    """The stream as it is, deleted or expired included, for the decisions that need to know (internal:
-    no rights are checked)."""
+async def find(conn: asyncpg.Connection, run_id: str, stream_id: str) -> Meta | None:
+    """The stream as it is, deleted or expired included, or None: for the decisions that need to know
+    (internal: no rights are checked; ``streams.find``'s counterpart)."""
     row = await conn.fetchrow(_SELECT, run_id, stream_id)
     return _meta(row, streams.row_of(row)) if row is not None else None
 
@@ -253,9 +252,9 @@ async def create(
     same content type, lifetime and closed flag answer it again, anything else is a conflict; both only
     to a caller who may see the existing stream."""
     async with db.transaction(conn):
-        existing = await fetch(conn, run_id, stream_id)
+        existing = await find(conn, run_id, stream_id)
         if existing is not None and not existing.deleted and existing.expired and await _delete_expired(conn, existing):
-            existing = await fetch(conn, run_id, stream_id)  # gone, or kept deleted for its forks
+            existing = await find(conn, run_id, stream_id)  # gone, or kept deleted for its forks
         if existing is None:
             try:
                 # Trusted: who may learn of an existing stream is decided on its Meta below
@@ -273,8 +272,8 @@ async def create(
                     lifetime.expires_at,
                 )
                 signals = await _initial(conn, run_id, stream_id, principal, initial, closed)
-                return Changed(Created(await _fetch_existing(conn, run_id, stream_id), True), signals)
-            existing = await _fetch_existing(conn, run_id, stream_id)
+                return Changed(Created(await _find_existing(conn, run_id, stream_id), True), signals)
+            existing = await _find_existing(conn, run_id, stream_id)
         if existing.deleted or not existing.same_config(content_type, lifetime, closed):
             detail = "the stream exists with another content type, lifetime or closed state"
             if existing.deleted:
@@ -333,14 +332,14 @@ async def fork(
     Made under the source's row lock, so its fork count and tail hold for the whole decision. A fork
     copies the source: who may not read it (here) may not fork it."""
     async with db.transaction(conn):
-        await lock_stream(conn, *source_key)
-        source = await fetch(conn, *source_key)
+        await streams.load(conn, *source_key, lock=True)
+        source = await find(conn, *source_key)
         if source is None or (source.expired and not source.deleted):
             raise StreamNotFound("the fork's source does not exist")
         source.stream.authorize(principal, "read", client_region)
         if source.deleted:
             raise ForkConflict("the fork's source was deleted")
-        existing = await fetch(conn, run_id, stream_id)
+        existing = await find(conn, run_id, stream_id)
         if existing is not None:
             if not existing.deleted and existing.same_fork(source_key, spec, content_type, lifetime):
                 return _found_again(existing, principal)
@@ -373,7 +372,7 @@ async def fork(
             offset,
             spec.sub_offset,
         )
-        forked = await _fetch_existing(conn, run_id, stream_id)
+        forked = await _find_existing(conn, run_id, stream_id)
         await conn.execute(_COPY, forked.stream_key, source.stream_key, through)
         last, cumulative = through, await _cumulative(conn, source, through)
         if prefix:
@@ -404,7 +403,7 @@ async def fork(
             "UPDATE wfs_durable_streams SET forks = forks + 1 WHERE run_id = $1 AND stream_id = $2", *source_key
         )
         signals = await _initial(conn, run_id, stream_id, principal, initial, closed)
-        return Changed(Created(await _fetch_existing(conn, run_id, stream_id), True), signals)
+        return Changed(Created(await _find_existing(conn, run_id, stream_id), True), signals)
 
 
 async def _next_payload(conn: asyncpg.Connection, source: Meta, spec: Fork) -> bytes | None:
@@ -454,8 +453,8 @@ async def _cumulative(conn: asyncpg.Connection, source: Meta, through: int) -> i
     return value if value is not None else source.stream.pruned_bytes
 
 
-async def _fetch_existing(conn: asyncpg.Connection, run_id: str, stream_id: str) -> Meta:
-    meta = await fetch(conn, run_id, stream_id)
+async def _find_existing(conn: asyncpg.Connection, run_id: str, stream_id: str) -> Meta:
+    meta = await find(conn, run_id, stream_id)
     if meta is None:  # deleted between two statements: the caller may retry
         raise StreamNotFound("the stream was deleted while being created")
     return meta
@@ -499,8 +498,8 @@ async def append_guarded(
     closed state, the producer's epoch and sequence, Stream-Seq. All under the stream row lock in one
     transaction, so a producer's state can never disagree with the records (PROTOCOL.md 5.2.1)."""
     async with db.transaction(conn):
-        await lock_stream(conn, run_id, stream_id)
-        meta = await fetch(conn, run_id, stream_id)
+        await streams.load(conn, run_id, stream_id, lock=True)
+        meta = await find(conn, run_id, stream_id)
         if meta is None or meta.expired:  # the next load outside this transaction deletes it
             raise StreamNotFound("no such stream")
         if meta.closed:
@@ -619,7 +618,7 @@ async def remove(conn: asyncpg.Connection, meta: Meta, caller: Trusted) -> Chang
         # gone already (a concurrent sweep of the same expired stream): nothing to do
         if await streams.find(conn, meta.run_id, meta.stream_id, lock=True) is None:
             return Changed(None)
-        current = await fetch(conn, meta.run_id, meta.stream_id)
+        current = await find(conn, meta.run_id, meta.stream_id)
         if current is None:
             return Changed(None)
         if current.forks:
@@ -636,7 +635,7 @@ async def remove(conn: asyncpg.Connection, meta: Meta, caller: Trusted) -> Chang
             return Changed(None, deleted)
         if await streams.find(conn, origin.run_id, origin.stream_id, lock=True) is None:
             return Changed(None, deleted)
-        source = await fetch(conn, origin.run_id, origin.stream_id)
+        source = await find(conn, origin.run_id, origin.stream_id)
         if source is None:
             return Changed(None, deleted)
         left = await conn.fetchval(
@@ -665,7 +664,7 @@ async def sweep_expired(conn: asyncpg.Connection, limit: int = 20) -> int:
     )
     removed = 0
     for row in rows:
-        meta = await fetch(conn, row["run_id"], row["stream_id"])
+        meta = await find(conn, row["run_id"], row["stream_id"])
         if meta is not None and await _delete_expired(conn, meta):
             removed += 1
     return removed

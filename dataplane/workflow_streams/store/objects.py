@@ -174,7 +174,7 @@ async def get_intent(
     )
     if row is None:
         raise NotFound("no such object intent")
-    authorize(streams.pins_of(row).authorization, principal, "append")
+    authorize(streams.row_pins(row).authorization, principal, "append")
     return _intent(row)
 
 

@@ -3,6 +3,13 @@
 Every store entry point that acts on one stream starts here, so "no such stream" is one error
 (``StreamNotFound``), rights are checked on the row the entry loads anyway (``caller``/``right``), and
 no ``asyncpg.Record`` of a stream leaves the store.
+
+One function per question: ``load`` reads a stream by its ids, missing being ``StreamNotFound`` (and,
+given a caller, the caller's right checked on the row); ``find`` reads it where a missing stream is not
+an error (None; internal work, no rights); ``checked`` applies ``load``'s rules to a row that a caller's
+own statement selected along with more; ``row_of`` maps a row known to exist, unchecked.
+``store.durable`` answers the same questions for the protocol's streams with its own ``load`` and
+``find``.
 """
 
 from __future__ import annotations
@@ -75,9 +82,10 @@ _PINS_CACHE: dict[str, StreamPins] = {}
 _PINS_CACHE_LIMIT = 10_000
 
 
-def pins_of(row: Mapping[str, Any]) -> StreamPins:
-    """Pins are immutable and ``pins_digest`` is the content address of the stored document, so the
-    pins read from it (upgraded to this release's model) are cached by digest."""
+def row_pins(row: Mapping[str, Any]) -> StreamPins:
+    """The pins of a row selected with its document (``pins`` and ``pins_digest``). Pins are immutable
+    and ``pins_digest`` is the content address of the stored document, so the pins read from it
+    (upgraded to this release's model) are cached by digest."""
     digest = row["pins_digest"]
     pins = _PINS_CACHE.get(digest)
     if pins is None:
@@ -95,7 +103,7 @@ SELECT DISTINCT ON (pins_digest) pins_digest, pins FROM wfs_streams WHERE stream
 """
 
 
-async def pins_for(conn: asyncpg.Connection, rows: Iterable[Mapping[str, Any]]) -> dict[str, StreamPins]:
+async def pins_by_digest(conn: asyncpg.Connection, rows: Iterable[Mapping[str, Any]]) -> dict[str, StreamPins]:
     """The pins of rows selected without their document (``stream_key`` and ``pins_digest`` only), by
     digest: from the cache, and what it lacks in one query. For hot statements: the document is the
     row's largest column, and decoding it in every transaction, cached or not, cost the server ~15 us
@@ -111,7 +119,7 @@ async def pins_for(conn: asyncpg.Connection, rows: Iterable[Mapping[str, Any]]) 
             missing.append(row["stream_key"])
     if missing:
         for row in await conn.fetch(_PINS_BY_KEY, missing):
-            found[row["pins_digest"]] = pins_of(row)
+            found[row["pins_digest"]] = row_pins(row)
     return found
 
 
@@ -120,7 +128,7 @@ def row_of(row: Mapping[str, Any]) -> StreamRow:
     return StreamRow(
         run_id=row["run_id"],
         stream_id=row["stream_id"],
-        pins=pins_of(row),
+        pins=row_pins(row),
         pins_digest=row["pins_digest"],
         created_at=row["created_at"],
         created_by=row["created_by"],

@@ -52,10 +52,10 @@ class Swept:
     purged: int  # finished outbox rows removed after the retention period
 
 
-async def _delete_one(pool: db.Pool, store: ObjectStore, row: asyncpg.Record, gate: asyncio.Semaphore) -> bool:
+async def _delete_one(pool: db.Pool, object_store: ObjectStore, row: asyncpg.Record, gate: asyncio.Semaphore) -> bool:
     async with gate:
         try:
-            await store.delete(row["region"], row["object_key"])
+            await object_store.delete(row["region"], row["object_key"])
         except (ClientError, BotoCoreError) as exc:
             delay = dt.timedelta(seconds=backoff_seconds(row["attempts"], base=1.0))
             log.warning("deleting %s failed (attempt %d): %s", row["object_key"], row["attempts"], exc)
@@ -82,7 +82,7 @@ async def purge(
     return purged
 
 
-async def sweep(pool: db.Pool, store: ObjectStore, retention: dt.timedelta = DEFAULT_RETENTION) -> Swept:
+async def sweep(pool: db.Pool, object_store: ObjectStore, retention: dt.timedelta = DEFAULT_RETENTION) -> Swept:
     """One pass: expire orphaned intents, delete what is due from S3, purge what finished long ago."""
     expired = deleted = 0
     gate = asyncio.Semaphore(CONCURRENCY)
@@ -91,7 +91,7 @@ async def sweep(pool: db.Pool, store: ObjectStore, retention: dt.timedelta = DEF
             newly_expired = await objects.expire_orphans(conn)
             due = await objects.claim_deletions(conn, _LEASE, BATCH)
         expired += newly_expired
-        results = await asyncio.gather(*(_delete_one(pool, store, row, gate) for row in due))
+        results = await asyncio.gather(*(_delete_one(pool, object_store, row, gate) for row in due))
         deleted += sum(results)
         if len(due) < BATCH and newly_expired < 100:
             break
@@ -100,14 +100,14 @@ async def sweep(pool: db.Pool, store: ObjectStore, retention: dt.timedelta = DEF
 
 async def run_janitor(
     pool: db.Pool,
-    store: ObjectStore,
+    object_store: ObjectStore,
     interval_seconds: float,
     retention_seconds: float = DEFAULT_RETENTION.total_seconds(),
 ) -> None:
     """Sweep every ``interval_seconds``; a sweep that fails raises, for the supervisor to restart."""
     retention = dt.timedelta(seconds=retention_seconds)
     while True:
-        swept = await sweep(pool, store, retention)
+        swept = await sweep(pool, object_store, retention)
         if swept.expired or swept.deleted or swept.purged:
             log.info(
                 "object janitor: %d intents expired, %d objects deleted, %d finished outbox rows purged",

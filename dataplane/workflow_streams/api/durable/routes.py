@@ -13,7 +13,7 @@ from aiohttp import web
 from ... import metrics
 from ...domain import durable as rules
 from ...domain.authz import Action, Principal
-from ...domain.durable_pins import default_template, pins_for
+from ...domain.durable_pins import default_template, pins_from_template
 from ...domain.errors import InvalidInput, StreamClosed
 from ...domain.pins import StreamPins
 from ...domain.records import RecordIn
@@ -80,7 +80,7 @@ async def put(request: web.Request) -> web.Response:
     closed = request.headers.get(h.CLOSED, "").lower() == "true"
     body = await read_body(request)
     template = settings.durable_template or default_template(settings.region, settings.metadata_region)
-    pins = pins_for(template, call.principal.name)
+    pins = pins_from_template(template, call.principal.name)
     if fork is not None:
         return await _fork(request, call, fork, pins, lifetime, closed, body)
     content_type = rules.check_content_type(request.headers.get("Content-Type") or rules.DEFAULT_CONTENT_TYPE)
