@@ -207,8 +207,8 @@ async def _parts(chunks: AsyncIterator[bytes], size: int) -> AsyncIterator[io.By
 
     A part is a BytesIO its bytes were written into, not ``bytes``: botocore wraps a ``bytes`` body in a
     BytesIO that shares it, and aiohttp's ``getbuffer()`` on that copies the whole part, so each part in
-    flight was held twice (tracemalloc in the server, tests/test_objects_memory.py). A BytesIO of our own
-    is sent in chunks straight from its buffer."""
+    flight would be held twice (tests/test_objects_memory.py watches the server with tracemalloc). A
+    BytesIO of our own is sent in chunks straight from its buffer."""
     buffer = io.BytesIO()
     received = 0
     async for chunk in chunks:

@@ -45,8 +45,9 @@ from .metrics import MULTIPROC_DIR_ENV
 log = logging.getLogger(__name__)
 
 # accepted-but-not-yet-served connections the kernel keeps per process: a burst of thousands of
-# subscribers connecting at once must not overflow it. The kernel caps it at net.core.somaxconn (4096 by
-# default): raise that too for bursts beyond it (bench/README.md measured 10,000 at once)
+# subscribers connecting at once must not overflow it, or the clients' retransmits (after whole seconds)
+# dominate the connect. The kernel caps it at net.core.somaxconn (4096 by default): raise that too for
+# bursts beyond it (figures: bench/README.md, constants)
 LISTEN_BACKLOG = 16384
 
 _PR_SET_PDEATHSIG = 1
@@ -195,12 +196,12 @@ def _worker(settings: Settings, parent: int, siblings: _Siblings) -> None:
 def tune_gc() -> None:
     """Fewer, cheaper cyclic collections for a server holding many long-lived objects.
 
-    Profile of 10,000 subscribers connecting (bench/profile.py --phase connecting): 4-5 % of the
-    samples sat on a single allocation line (``Wake()``), the collector running there: each collection
-    of the oldest generation walks every live object, and 10,000 subscriptions are hundreds of thousands
-    of them. Objects made at start-up (modules, the app) are frozen out of collection, and the youngest
-    generation is collected every 50,000 allocations instead of 700: requests make short-lived cycles
-    rarely (most garbage is freed by reference counting), so this trades a little memory for CPU.
+    Each collection of the oldest generation walks every live object, and thousands of subscriptions
+    are hundreds of thousands of them, so a burst of subscribers connecting (each allocating its
+    ``Wake()`` and more) pays for walking them again and again. Objects made at start-up (modules, the
+    app) are frozen out of collection, and the youngest generation is collected every 50,000 allocations
+    instead of CPython's 700: requests make short-lived cycles rarely (most garbage is freed by reference
+    counting), so this trades a little memory for CPU (figures: bench/README.md, constants).
     """
     gc.freeze()
     gc.set_threshold(50_000, 20, 100)
@@ -220,12 +221,11 @@ def _run(settings: Settings, *, siblings: _Siblings | None = None) -> None:
     sock = _listen(settings) if siblings is not None else None
     web.run_app(
         create_app(settings, siblings=siblings),
-        # uvloop (libuv, by asyncpg's authors) runs the event loop, its transports and callbacks in C: at
-        # 1,000 streams x 32 connections 4,832 -> 5,224 appends/s, x 128 7,233 -> 7,725/s. It was reverted
-        # once because it doubled the cost of connecting 10,000 subscribers (their first reads stopped
-        # sharing statements); reads of many streams are now batched and ended reads stay joinable
-        # (runtime.reads): after appends, as in the full run, the connect took 2.8-3.2 s on uvloop and
-        # 2.1-2.4 s on asyncio's loop, and takes 1.8-2.0 s now (bench history, items 15, 18 and 20)
+        # uvloop (libuv, by asyncpg's authors) runs the event loop, its transports and callbacks in C, so
+        # appends cost the server less. It serves a burst of connections evenly, so a burst's first reads
+        # of a stream rarely overlap in time: they share statements because reads of many streams are
+        # batched and ended reads stay joinable (runtime.reads), not by accident of scheduling (figures:
+        # bench/README.md, constants)
         loop=uvloop.new_event_loop(),
         host=None if sock is not None else settings.host,
         port=None if sock is not None else settings.port,

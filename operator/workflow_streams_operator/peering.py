@@ -1,14 +1,13 @@
 """The Kopf peering object, made at start-up if missing, so replicas that start together see each other.
 
 Kopf's keep-alive writes this replica into the peering object once at start and then only every
-``lifetime - 5..10`` seconds; while the object does not exist, that first write finds nothing. The chart
-used to make the object in a post-install hook, after the operator's pods: when it appeared, each replica
-read it without the others in it and worked as if alone until the next keep-alive, 20-25 s later (two
-active operators on every install with several replicas), and the hook itself failed now and then on a
-new cluster (helm could not map the kind of a CRD made moments before). Both seen on a real node
-(tests/test_chart_node.py). Kopf starts peering only after the start-up handlers, so the start-up makes
-sure the object exists first: it creates it (a conflict means another replica did), or, without the
-right to, waits for it; the first keep-alive then registers every replica.
+``lifetime - 5..10`` seconds; while the object does not exist, that first write finds nothing. An object
+made after the operator's pods (a chart's post-install hook) appears to each replica without the others
+in it, and each works as if alone until its next keep-alive (several active operators); and a hook can
+fail on a new cluster (helm may not yet map the kind of a CRD made moments before). Kopf starts peering
+only after the start-up handlers, so the start-up makes sure the object exists first: it creates it (a
+conflict means another replica did), or, without the right to, waits for it; the first keep-alive then
+registers every replica.
 """
 
 from __future__ import annotations

@@ -63,7 +63,7 @@ async def metrics_middleware(request: web.Request, handler: Any) -> web.StreamRe
 @functools.lru_cache(maxsize=1024)  # routes x methods x statuses: a few dozen in practice
 def _http_metrics(route: str, method: str, status: int) -> tuple[Counter, Histogram | None]:
     """The labelled children for one kind of request, found once: ``labels()`` takes a lock and builds
-    the key on every call (2.3 us against 0.9 us for the increment alone, measured here)."""
+    the key on every call, which costs more than the increment itself (figures: bench/README.md, constants)."""
     requests = metrics.HTTP_REQUESTS.labels(route, method, str(status))
     # a subscription's duration is not a latency
     seconds = None if route.endswith("/subscribe") else metrics.HTTP_SECONDS.labels(route, method)
@@ -176,8 +176,8 @@ def create_app(settings: Settings, *, siblings: Siblings | None = None) -> web.A
         # Group commit's own connections, one per transaction in flight, and one for the marks of watched
         # streams: their statements are planned under the settings they are written for (generic plans,
         # no sequential scans: store.appends.BEGIN says why), and each connection keeps its own plans.
-        # On the main pool, Postgres planned the marks' array statement afresh every time (0.3 ms a
-        # plan), most of a burst of subscribers' cost in Postgres.
+        # On the main pool, Postgres would plan the marks' array statement afresh every time, most of what
+        # a burst of subscribers costs Postgres (figures: bench/README.md, constants).
         append_pool = await create_pool(
             settings.database_url,
             1,
@@ -233,9 +233,8 @@ def create_app(settings: Settings, *, siblings: Siblings | None = None) -> web.A
         await append_pool.close()
         await pool.close()
 
-    # The API's routes sit on the root app under its prefix. As a sub-app they cost every request a second
-    # walk of the router and one more middleware layer: 424 -> 396 function calls per append (cProfile of
-    # one server under wfs-loadgen), a few us of CPU, inside bench.ab's noise at 32 connections.
+    # The API's routes sit on the root app under its prefix. As a sub-app they would cost every request a
+    # second walk of the router and one more middleware layer (figures: bench/README.md, constants).
     for table in (streams.routes, subscribe.routes, objects.routes):
         _add_routes(app.router, API_PREFIX, table)
     app.router.add_get(API_PREFIX + "/openapi.json", openapi.serve)

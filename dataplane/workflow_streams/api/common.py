@@ -19,8 +19,8 @@ STREAM = "/runs/{run_id}/streams/{stream_id}"
 
 
 # Responses get bytes and this header (aiohttp copies it): given text and ``content_type=``, aiohttp
-# parses the content type and encodes the text on every response, 6.3 us a response here against 3.6
-# this way, and every append and read answers with one.
+# parses the content type and encodes the text on every response, and every append and read answers
+# with one (figures: bench/README.md, constants).
 JSON_HEADERS = {"Content-Type": "application/json"}
 
 
@@ -35,8 +35,8 @@ async def read_body(request: web.Request) -> bytes:
     content = request.content
     if content.is_eof():
         # All of it arrived with the headers (most appends): taken as it lies, with read()'s size check.
-        # read() reads the stream until an empty chunk, a second pass through the reader (cProfile of one
-        # server under wfs-loadgen: 386 -> 376 calls and 348 -> 331 profiled us per append).
+        # read() reads the stream until an empty chunk, a second pass through the reader (figures:
+        # bench/README.md, constants).
         raw = content.read_nowait()
         if len(raw) > request.client_max_size:
             raise web.HTTPRequestEntityTooLarge(request.client_max_size, len(raw))

@@ -39,9 +39,8 @@ STREAMING = web.RequestKey("workflow_streams_streaming", bool)
 
 
 # the state, kept on the request by the root app's first middleware: handlers of a sub-app (Durable
-# Streams; the API's routes were one too) reach the root's keys through config_dict, a chain that raises
-# and catches KeyError in the sub-app first (8% of the server's samples while 10,000 subscribers
-# connected: bench/profile.py --phase connecting)
+# Streams) would otherwise reach the root's keys through config_dict, a chain that raises and catches
+# KeyError in the sub-app first, on every lookup of every request (figures: bench/README.md, constants)
 _REQUEST_STATE = web.RequestKey("workflow_streams_request_state", AppState)
 
 

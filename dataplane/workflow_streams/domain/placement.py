@@ -51,9 +51,9 @@ def check_metadata_home(pins: StreamPins, metadata_region: str | None) -> None:
 
 
 # Every subscribe and read asks where its caller is, and ipaddress parses in Python: parsing the peer's
-# address and every configured range afresh was 1.7 % of the server's samples while 10,000 subscribers
-# connected (bench.profile sse --phase connecting, session 15). Callers come from a bounded set of
-# addresses (pods, proxies), and the ranges are configuration: both are parsed once.
+# address and every configured range afresh would be paid by every request of a burst of subscribers
+# (figures: bench/README.md, constants). Callers come from a bounded set of addresses (pods, proxies),
+# and the ranges are configuration: both are parsed once.
 @functools.lru_cache(maxsize=4096)
 def _ip(text: str | None) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
     try:

@@ -44,8 +44,9 @@ class RecordIn:
 class StoredRecord(NamedTuple):
     """A record as stored, what reads, fan-out and delivery encode. Immutable and slotted; a named tuple
     rather than a frozen dataclass because catch-up reads build one per record and a frozen dataclass's
-    ``__init__`` (one ``object.__setattr__`` per field) cost 1.1 us a record, half as much again as
-    encoding it, where the store builds this from the row's tuple in 0.25 us (``store.reads.stored_record``)."""
+    ``__init__`` (one ``object.__setattr__`` per field) costs more than encoding the record, where the
+    store builds a named tuple straight from the row's tuple (``store.reads.stored_record``; figures:
+    bench/README.md, constants)."""
 
     sequence: int
     kind: str  # "inline" or "object"
@@ -58,7 +59,7 @@ class StoredRecord(NamedTuple):
     appended_at: dt.datetime
 
 
-# one encoder for every record: json.dumps with options builds a new one per call (2.7 -> 1.8 us a record)
+# one encoder for every record: json.dumps with options builds a new one per call (figures: bench/README.md, constants)
 _ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 

@@ -1,12 +1,12 @@
 """Live fan-out: one task per followed stream reads each wake once and writes the same bytes to every
 follower's socket, with no task switch per follower.
 
-Why: with a task per subscriber, a record on a stream with 1,000 subscribers woke 1,000 tasks, each
-joining the shared read and writing on its own (profile of `bench.profile sse --subscribers 1000`: the
-event loop's scheduling — ``call_soon``, ``Handle._run``, ``shield`` — cost more than the socket writes
-themselves). Here the stream's task takes the read (after the wake, so never older than it: see
-``runtime/reads.py``), and hands each follower the page, which its surface encodes once for all of
-them (``SharedPage.memo``), with a write that cannot wait.
+Why: with a task per subscriber, a record on a stream with many subscribers would wake as many tasks,
+each joining the shared read and writing on its own, and the event loop's scheduling of them
+(``call_soon``, ``Handle._run``, ``shield``) costs more than the socket writes themselves (figures:
+bench/README.md, constants). Here the stream's task takes the read (after the wake, so never older than
+it: see ``runtime/reads.py``), and hands each follower the page, which its surface encodes once for all
+of them (``SharedPage.memo``), with a write that cannot wait.
 
 A follower the fan-out cannot serve at once — its socket is backed up, the stream closed or was replaced,
 a read failed — is *detached*: its own task takes over from the last sequence it was given, with the

@@ -9,7 +9,7 @@ WAL flush once per batch instead of once per request: with 1,000 streams that is
 
 A transaction is three round trips under load: the lock statement, the write, and a COMMIT that also
 begins the next transaction on the same connection (its BEGIN would be a round trip of its own, and
-each round trip is mostly the wait for a busy event loop: bench history, item 28).
+under load a round trip is mostly the wait for a turn of the busy event loop, not work in Postgres).
 
 After COMMIT returns, the batch's wake signals are published (this process's subscribers wake at once;
 other processes hear through the wake source, of the streams some process watches: ``runtime.interest``).
@@ -61,20 +61,18 @@ _REJECTION_REASONS: dict[type[StreamError], str] = {
 class GroupCommit:
     # Transactions in flight at once: while one commits, the next batch gathers. One, not two: under
     # load the event loop is the bottleneck and requests reach the queue one at a time, so a second
-    # free slot took each alone (1.05 transactions per append at 1,000 streams x 32 connections, two
-    # workers). With one, 0.65 per append, and the server's CPU per append fell by a sixth and
-    # Postgres' by a quarter (bench history, item 9).
+    # free slot takes each alone, and every append then pays a transaction's fixed cost (in the server
+    # and in Postgres) that a batch would share (figures: bench/README.md, constants).
     MAX_INFLIGHT = 1
 
-    # How long a transaction waits for more requests when the one before it carried several: two turns
-    # of the event loop. With one transaction in flight, a worker's connections otherwise split into two
+    # How long a transaction gathers more requests when the one before it carried several: turns of the
+    # event loop. With one transaction in flight, a worker's connections otherwise split into two
     # cohorts that take turns: the requests a commit answers come back (a client round trip later) while
-    # the other cohort's transaction runs, so every batch is half of what is in flight. Waiting lets them
-    # meet (bench history, items 17 and 31). Counted in turns, not time: on uvloop a delay is whole
-    # milliseconds, rounded, so the 0.5 ms window this once was ran as a sleep of 0 (two turns) ever
-    # since uvloop came in; a real millisecond gathers more but answers later (1,000 x 32 at 14.5
-    # appends a transaction, 5,716 against 6,590/s), none at all halves the batches (7.9 a transaction,
-    # 5,433/s), and one, three or six turns measure as two does. A lone appender never waits.
+    # the other cohort's transaction runs, so every batch is half of what is in flight. Gathering lets
+    # them meet. Counted in turns, not time: uvloop rounds a delay to whole milliseconds, so a window
+    # shorter than that is no wait at all or a much longer one. A real millisecond gathers more but
+    # answers later, none at all halves the batches, and a few turns more or fewer do as well as two
+    # (figures: bench/README.md, constants). A lone appender never gathers.
     GATHER_TURNS = 2
 
     # How long a connection whose COMMIT began the next transaction waits for that transaction before it
@@ -166,7 +164,8 @@ class GroupCommit:
         retryable = (asyncpg.DeadlockDetectedError, _Unsent)
         try:
             try:
-                # the first try runs bare: every transaction pays it, and the retry loop costs ~16 us
+                # the first try runs outside the retry loop: every transaction makes it, and only a retry
+                # should pay for tenacity's machinery (figures: bench/README.md, constants)
                 return await self._attempt(requests, until)
             except retryable:
                 pass
@@ -195,9 +194,9 @@ class GroupCommit:
                 if (self._batches.queued or len(requests) > 1) and not self._closed:
                     # Busy (requests wait, or this batch carried several): the next transaction is
                     # likely to follow at once, so this COMMIT begins it in the same round trip, and it
-                    # opens with its lock statement. Keeping only when requests were queued at COMMIT
-                    # caught half the transactions at 32 connections: their next requests were still on
-                    # the way. An unused one is given back after KEEP_SECONDS.
+                    # opens with its lock statement. Not only when requests are queued at COMMIT: the
+                    # next requests are often still on their way from the clients this commit answers
+                    # (figures: bench/README.md, constants). An unused one is given back after KEEP_SECONDS.
                     await conn.execute("COMMIT; " + BEGIN)
                     self._keep_begun(conn)
                     conn = None

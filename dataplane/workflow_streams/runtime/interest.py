@@ -2,13 +2,11 @@
 
 A NOTIFY costs Postgres a transaction of its own, one more in every listening backend, and every other
 process the decoding of its payload, so announcing every commit to every process costs more with every
-process that listens: with four workers, 1,000 streams x 32 connections ran 11 % faster without the
-announcements nobody waited for (with two, the difference was inside the noise: bench history, item
-26). So a process marks a
-stream it starts watching (``wfs_streams.watched_until``, ``store.watched``) before the watcher's first
-read, and an append passes on to other processes only the signals of streams marked then
-(``store.appends``: ``Batch.remote_signals``); its own process's watchers are woken in memory whatever
-the mark says.
+process that listens, and most announcements are of streams no other process watches (figures:
+bench/README.md, constants). So a process marks a stream it starts watching (``wfs_streams.watched_until``,
+``store.watched``) before the watcher's first read, and an append passes on to other processes only the
+signals of streams marked then (``store.appends``: ``Batch.remote_signals``); its own process's watchers
+are woken in memory whatever the mark says.
 
 Why nothing is missed: the mark takes the stream's row lock, which an append holds from the statement
 that reads the mark until its COMMIT. An append that committed before the mark is seen by the watcher's

@@ -8,13 +8,14 @@ short transaction of its own (many streams per payload), with at most one send i
 start at least ``min_interval`` apart.
 
 Why the interval: a NOTIFY costs Postgres more than its own transaction. Every listening backend runs a
-transaction to read the notification queue (``ProcessIncomingNotify`` in async.c) and wakes its process,
-so one NOTIFY is 1 + (processes listening) commits. Sent once per round trip, at 1,000 streams x 32
-connections with two workers that was ~1,600 notify transactions a second, three for every group commit
-(``pg_stat_database.xact_commit``). Spacing sends 5 ms apart (River spaces its per-queue notifications by
-100 ms) bounds that to 200 per process a second, at the cost of at most 5 ms more for a wake that crosses
-processes; the first signal after a quiet spell goes at once. And what is sent is only what someone
-may wait for: records of streams no process watches are not announced at all (``runtime.interest``).
+transaction to read the notification queue (``ProcessIncomingNotify`` in async.c) and wakes its process, so
+one NOTIFY is 1 + (processes listening) commits. Sent once per round trip, the notify transactions would
+outnumber the group commits they announce (``pg_stat_database.xact_commit`` counts both). Spacing sends
+``MIN_NOTIFY_INTERVAL_SECONDS`` apart (River spaces its per-queue notifications the same way, further apart)
+bounds them to one per interval per process, at the cost of at most one interval more for a wake that
+crosses processes; a longer interval adds that latency without adding appends (figures: bench/README.md,
+constants). The first signal after a quiet spell goes at once. And what is sent is only what someone may
+wait for: records of streams no process watches are not announced at all (``runtime.interest``).
 """
 
 from __future__ import annotations

@@ -81,16 +81,15 @@ class SharedReads:
     after the caller's wake; otherwise the key queues. While fewer than ``max_inflight`` reads run, the
     next takes every queued key (up to ``max_batch``) and reads them all in one statement
     (``store.reads.fetch_pages``), as the group commit writes many streams in one transaction: a burst
-    of subscribers over 1,000 streams, or a wake of many streams' fan-outs, is a few round trips, not
+    of subscribers over many streams, or a wake of many streams' fan-outs, is a few round trips, not
     one per stream. The batching is the group commit's (``runtime.batches``): the keys queued in the
     same turn of the event loop, or while the statement before ran, go together.
     """
 
     # Statements in flight at once: one, as for the group commit, so that a burst's keys queue while a
-    # statement runs and go in the next together. With more, uvloop's evenly served burst sent most keys
-    # alone (10,000 subscribers over 1,000 streams connected in 3.01 s with four, 2.56 s with two, 2.18 s
-    # with one; bench history, item 18). The price: a batch of long catch-up pages delays the live reads
-    # queued behind it, which is why a batch is bounded (MAX_BATCH).
+    # statement runs and go in the next together. With more, uvloop's evenly served burst sends most keys
+    # alone (figures: bench/README.md, constants). The price: a batch of long catch-up pages delays the
+    # live reads queued behind it, which is why a batch is bounded (MAX_BATCH).
     MAX_INFLIGHT = 1
     # Keys per statement: each brings up to a page of records, so a batch is bounded in rows too.
     MAX_BATCH = 64
@@ -187,9 +186,10 @@ class SharedReads:
     def _keep(self, key: PageKey, flight: _Flight) -> None:
         """An ended read stays joinable while the clock has not moved since it was kept. A joiner's rule
         is the in-flight one (the read started at or after the wake it answers), so a read that ended
-        is as good as one still running. It matters for bursts: 10,000 subscribers over 1,000 streams
-        arrive round robin, a stream's next subscriber a thousand connections after the one before, and
-        on uvloop the read it could have joined has usually ended by then."""
+        is as good as one still running. It matters for bursts: subscribers spread over many streams
+        arrive round robin, a stream's next subscriber many connections after the one before, and on
+        uvloop the read it could have joined has usually ended by then (figures: bench/README.md,
+        constants)."""
         self._drop_kept_if_signalled()
         if flight.generation != self._kept_at:
             return  # started before a signal: no reader woken from now on may join it
@@ -254,10 +254,10 @@ async def read_body(
     client_region: str | None = None,
 ) -> Body:
     """A catch-up read assembled by Postgres (``store.bodies``), as it may be served. The page is planned
-    first; its records are then read in parts, on two connections taking turns, so that Postgres writes
-    one part's records while this process takes in the part before (a page of 100,000 records read 1.3 us
-    a record so, 2.0 on one connection: bench.catchup). Records, once written, never change, so the
-    parts need no common snapshot: a part that finds records gone (pruned meanwhile) plans again."""
+    first; its records are then read in parts (``PART_RECORDS``), on ``PART_CONNECTIONS`` connections
+    taking turns, so that Postgres writes one part's records while this process takes in the part before.
+    Records, once written, never change, so the parts need no common snapshot: a part that finds records
+    gone (pruned meanwhile) plans again."""
     until = pool.deadline()
     for attempt in range(2):
         async with pool.acquire(until=until) as conn:
@@ -282,7 +282,9 @@ async def read_body(
     raise AssertionError("not reached")
 
 
-# records of one part of a catch-up page, and the connections that read a page's parts
+# records of one part of a catch-up page, and the connections that read a page's parts: two, so that
+# Postgres writes one part while this process takes in the other (``read_body``; figures:
+# bench/README.md, constants)
 PART_RECORDS = 8192
 PART_CONNECTIONS = 2
 

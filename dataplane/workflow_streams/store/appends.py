@@ -115,15 +115,13 @@ class Batch:
 
 
 # The planner settings of the transactions that run this module's statements. Generic plans: with array
-# parameters Postgres otherwise keeps custom plans and planned the batch statements again on every
-# transaction (bench/README.md, "Postgres' CPU per append at low concurrency"). No sequential scans: a
-# generic plan is made once per connection, from the statistics of that moment, and kept for the
-# connection's life. Made while wfs_streams held 1,000 rows, the lock statement's plan was a hash join
-# over a sequential scan of every stream row (the array estimated at 10 elements), and every transaction
-# after it walked the table and its dead versions: the two append backends at 0.7 of a core each for 377
-# appends/s at 1,000 streams x 8 connections, 1,268/s without it; at a million streams it would be a
-# million rows a transaction. Every statement here is a keyed lookup per array element, right at any
-# table size.
+# parameters Postgres otherwise keeps custom plans and plans the batch statements again on every
+# transaction. No sequential scans: a generic plan is made once per connection, from the statistics of
+# that moment, and kept for the connection's life. Made while wfs_streams is small, the lock statement's
+# plan can be a hash join over a sequential scan of every stream row (the array estimated at a few
+# elements), and every transaction after it walks the table and its dead versions: at a million streams,
+# a million rows a transaction. Every statement here is a keyed lookup per array element, right at any
+# table size (figures: bench/README.md, constants).
 TRANSACTION_SETTINGS = {"plan_cache_mode": "force_generic_plan", "enable_seqscan": "off"}
 # What begins the transactions that run this module's statements (and ``store.watched``'s marks): the
 # settings are SET LOCAL, so they hold for the transaction only, which is all a transaction pooler allows
@@ -132,19 +130,19 @@ TRANSACTION_SETTINGS = {"plan_cache_mode": "force_generic_plan", "enable_seqscan
 BEGIN = "BEGIN; " + " ".join(f"SET LOCAL {name} = {value};" for name, value in TRANSACTION_SETTINGS.items())
 
 # Every stream row of the batch, locked in key order (so lockers of overlapping sets never deadlock),
-# with the slowest consumer's ack and the cumulative bytes through it, in one round trip: lock and
-# credit inputs were two statements, and at 1,000 streams x 32 connections most transactions carry one
-# append, so each round trip is paid per append (bench history, item 10).
+# with the slowest consumer's ack and the cumulative bytes through it, in one round trip: the lock and
+# the credit inputs as two statements would add a round trip to every transaction, and a quiet process's
+# transactions carry one append each (figures: bench/README.md, constants).
 # Each stream row is found and locked by its key, one array element after the other, in the order of
 # the arrays (``lock_streams`` sorts them): the locking sub-select cannot be flattened into a join, so
-# no plan can walk the whole table. As a join, the generic plan made while the table held two rows
-# (a merge join over a full scan of the primary key) was kept for the connection's life and walked
-# every stream in every transaction as the table grew (bench history, item 11).
+# no plan can walk the whole table. As a join, a generic plan made while the table was small (a merge
+# join over a full scan of the primary key) is kept for the connection's life and walks every stream in
+# every transaction as the table grows.
 # The ack's record is retained whenever the ack is what decides the base (domain.credit.base_sequence);
 # otherwise the pruned bytes are used. Both lookups are per key (a correlated subquery, an aggregate):
-# written as a join, the plan cached for the prepared statement once chose a hash join over a
-# sequential scan of wfs_records, planned while the table was small, and every batch then read the
-# whole table (Postgres at a full core for 550 appends/s in the benchmark; auto_explain showed it).
+# written as a join, the plan cached for the prepared statement can be a hash join over a sequential
+# scan of wfs_records, planned while the table was small, and every batch then reads the whole table
+# (figures: bench/README.md, constants).
 # The ack is read in the statement's snapshot, which may predate the lock's wait: acks only advance,
 # so an older one can only refuse credit that a retry (woken by the ack's signal) then grants.
 # The stream's columns are named, without the pins document (``streams.pins_by_digest``), with the WAL timeline
@@ -206,9 +204,8 @@ WITH records AS (
 _WRITE_RECORDS = db.kept(_RECORDS_AND_COUNTERS + "\nSELECT 1\n")
 
 # With Idempotency-Key receipts or input deliveries to write too. Most batches have neither and take the
-# statement above: an empty INSERT still opens its table and indexes, and its arrays are still encoded
-# (Postgres 310-317 against 333-343 us of CPU for a 12-record batch, and 9-13 us less of Python,
-# measured on one connection).
+# statement above: an empty INSERT still opens its table and indexes in Postgres, and its arrays are still
+# encoded in Python (figures: bench/README.md, constants).
 _WRITE = db.kept(
     _RECORDS_AND_COUNTERS
     + """, receipts AS (

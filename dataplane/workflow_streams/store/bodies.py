@@ -2,9 +2,9 @@
 
 A reader that fell behind (a replay, a new subscriber with a backlog, a Durable Streams client asking for
 the whole stream) reads far more records than a live page holds. Read as rows of columns, each record
-was decoded by asyncpg and encoded again in Python: most of the server's time (``bench.catchup
---profile api``: ``wire.record_bytes`` and row decoding). Here the server that holds the records builds
-each one's wire form, and a page crosses into Python as one ``bytes`` value per record, joined as they
+would be decoded by asyncpg and encoded again in Python (``wire.record_bytes``), which would be most of
+the server's time while Postgres idles. Here the server that holds the records builds each one's wire
+form, and a page crosses into Python as one ``bytes`` value per record, joined as they
 are. The forms are the ones ``wire.py`` makes from rows (tests/test_catchup_reads.py compares them).
 
 A page is bounded in records and in bytes (the records' stored sizes; at least one record). Where it
@@ -34,8 +34,9 @@ Form = Literal["records", "events", "messages", "bytes"]
 
 # A record as our API's JSON object (``wire.record_bytes``), as bytea: its payload spliced in as stored
 # when it is JSON, else base64 (without the line breaks Postgres' encoder adds), or its object reference.
-# The cheapest ways found to write each part (bench.catchup: 1.6 us of Postgres' time per record went
-# here): the default content type as a constant, the timestamp as JSON writes it (to_char cost twice).
+# Each part is written the cheapest way, since this expression is most of Postgres' time per record: the
+# default content type as a constant, the timestamp as JSON writes it (to_char costs more; figures:
+# bench/README.md, constants).
 _RECORD_JSON = f"""(convert_to(
     '{{"sequence":' || r.sequence
     || CASE WHEN r.object IS NULL THEN ',"kind":"inline"' ELSE ',"kind":"object"' END

@@ -219,11 +219,12 @@ def kept(sql: str) -> str:
 
     On a direct connection asyncpg keeps it prepared, and Postgres its plan, for the connection's life.
     Behind a transaction pooler nothing prepared outlives a transaction, and planning the append path's
-    statements anew each time cost Postgres ~0.6 ms each (appends at 0.71 x the direct rate). So ``migrate``
-    also makes each kept statement a PL/pgSQL function named by the hash of its SQL (PL/pgSQL keeps a
-    function's plans per backend, across transactions and clients: ``kept_functions``), and a
-    ``PoolerConnection`` calls the function instead. Named by hash, a changed statement is a new function,
-    and the processes of the previous release keep calling theirs during a rolling upgrade."""
+    statements anew on every execution costs Postgres more than running them (figures: bench/README.md,
+    constants). So ``migrate`` also makes each kept statement a PL/pgSQL function named by the hash of its
+    SQL (PL/pgSQL keeps a function's plans per backend, across transactions and clients:
+    ``kept_functions``), and a ``PoolerConnection`` calls the function instead. Named by hash, a changed
+    statement is a new function, and the processes of the previous release keep calling theirs during a
+    rolling upgrade."""
     function = "wfs_kept_" + hashlib.sha256(sql.encode()).hexdigest()[:16]
     count = max((int(n) for n in _PARAMETER.findall(sql)), default=0)
     _KEPT[sql] = (function, f"SELECT * FROM {function}({', '.join(f'${n}' for n in range(1, count + 1))})")
@@ -268,13 +269,13 @@ class PoolerConnection(asyncpg.Connection):  # type: ignore[misc]  # asyncpg is 
     """A connection through a transaction pooler: every statement is an unnamed one, parsed again with
     each execution, and only its description (parameter and column types) is kept here.
 
-    asyncpg with its statement cache off describes every statement before executing it: two round trips
-    a statement. Through PgBouncer that doubled the append transaction's round trips (appends at 0.63 x the
-    direct rate). Kept descriptions make each execution one round trip again: Parse, Bind, Execute and
-    Sync go together, on whatever server connection the pooler gives the transaction, and a statement
-    prepared by another client cannot be bound by mistake (an unnamed statement lives until the next
-    Parse). The hot statements run as functions whose plans Postgres keeps per backend (``kept``), so the
-    parse each time is cheap. asyncpg has no public hook for this: it overrides ``_get_statement``,
+    asyncpg with its statement cache off describes every statement before executing it: two round trips a
+    statement. Through PgBouncer that doubles the append transaction's round trips (figures:
+    bench/README.md, constants). Kept descriptions make each execution one round trip again: Parse, Bind,
+    Execute and Sync go together, on whatever server connection the pooler gives the transaction, and a
+    statement prepared by another client cannot be bound by mistake (an unnamed statement lives until the
+    next Parse). The hot statements run as functions whose plans Postgres keeps per backend (``kept``), so
+    the parse each time is cheap. asyncpg has no public hook for this: it overrides ``_get_statement``,
     which tests/test_pgbouncer.py exercises through a real PgBouncer."""
 
     # descriptions kept per connection: the statements the data plane runs are a few dozen

@@ -16,8 +16,7 @@ from .wal import TIMELINE
 # A failed head blocks the rows behind it: per-stream order is never given up silently.
 # The heads are found by a skip scan of the partial index wfs_input_deliveries_head: one index probe per
 # stream with undelivered rows, instead of reading and sorting every undelivered row on every poll
-# (EXPLAIN ANALYZE, 90,000 undelivered rows over 3,100 streams: 365 ms with an on-disk sort before,
-# 21 ms after; bench/README.md, issue 14).
+# (figures: bench/README.md, constants).
 _DUE_STREAMS = """
 WITH RECURSIVE heads AS (
     (SELECT d.run_id, d.stream_id, d.state, d.next_attempt_at FROM wfs_input_deliveries d

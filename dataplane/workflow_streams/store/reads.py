@@ -73,9 +73,9 @@ class Page:
 # never become a silent gap) and one round trip, where a read-only transaction around two queries took
 # four (BEGIN, stream, records, COMMIT) — every subscriber's first page and every fan-out read pays it.
 # The first branch is the stream's row (``part`` 0), the second the records in sequence order, their
-# columns first as ``stored_record`` takes them; each branch's missing columns are NULLs. (An ARRAY of
-# ROW()s in one row was tried first: it read 1 KiB records 40 % slower, the array built whole in
-# Postgres and decoded element by element.)
+# columns first as ``stored_record`` takes them; each branch's missing columns are NULLs. (Not an ARRAY
+# of ROW()s in one row: Postgres builds the array whole and asyncpg decodes it element by element, which
+# reads records slower; figures: bench/README.md, constants.)
 # The records are found by the stream's surrogate key (migration 482), which the first branch's row
 # carries; it is not among the stream's columns the caller gets. That row also says which WAL timeline the
 # read ran on (store.wal: what confirms a read must have run on the same).

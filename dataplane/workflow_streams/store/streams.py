@@ -106,8 +106,9 @@ SELECT DISTINCT ON (pins_digest) pins_digest, pins FROM wfs_streams WHERE stream
 async def pins_by_digest(conn: asyncpg.Connection, rows: Iterable[Mapping[str, Any]]) -> dict[str, StreamPins]:
     """The pins of rows selected without their document (``stream_key`` and ``pins_digest`` only), by
     digest: from the cache, and what it lacks in one query. For hot statements: the document is the
-    row's largest column, and decoding it in every transaction, cached or not, cost the server ~15 us
-    per append at 1,000 streams x 32 connections (the lock statement with ``s.*``, bench history, item 14)."""
+    row's largest column, and selected with the row it would be decoded in every transaction although
+    the cache already holds its pins, so they select the digest and the cache supplies the pins (figures:
+    bench/README.md, constants)."""
     found: dict[str, StreamPins] = {}
     missing: list[int] = []
     for row in rows:
