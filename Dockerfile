@@ -1,5 +1,5 @@
 # One image for the data plane and the operator:
-#   serve | operator | migrate   (arguments to `python -m workflow_streams.cli`)
+#   serve | operator | migrate   (arguments to `python -m workflow_streams`)
 # Dependencies install from requirements.lock with hashes (pip --require-hashes), so a rebuild gets the
 # same bytes; the project's own code is copied, not built, so nothing unlocked enters the image.
 # `scripts/image` builds it (offline, from a wheelhouse, on a Debian-made base where no registry answers);
@@ -36,5 +36,5 @@ COPY operator ./operator
 COPY migrations ./migrations
 USER 10001:10001
 EXPOSE 8080 8081
-ENTRYPOINT ["python", "-m", "workflow_streams.cli"]
+ENTRYPOINT ["python", "-m", "workflow_streams"]
 CMD ["serve"]

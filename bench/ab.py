@@ -54,8 +54,8 @@ from bench.harness import (
     process_tree_times,
     start_postgres,
 )
+from workflow_streams.local.postgres import LocalPostgres
 from workflow_streams.local.topologies import PgBouncer
-from workflow_streams.localpg import LocalPostgres
 
 
 @dataclass

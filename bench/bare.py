@@ -24,9 +24,9 @@ from aiohttp import web
 
 from bench import generator
 from bench.harness import TOKEN, process_tree_cpu
+from workflow_streams.local.postgres import free_port
 from workflow_streams.local.process import Process
-from workflow_streams.localpg import free_port
-from workflow_streams.serving import LISTEN_BACKLOG, tune_gc
+from workflow_streams.shells.serving import LISTEN_BACKLOG, tune_gc
 
 ANSWER = {"first_sequence": 1, "last_sequence": 1, "sequences": [1]}
 

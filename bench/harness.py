@@ -16,8 +16,8 @@ from typing import Any
 
 import aiohttp
 
+from workflow_streams.local.postgres import LocalPostgres, find_bindir, free_port
 from workflow_streams.local.process import Process, listening_sockets, workflow_streams
-from workflow_streams.localpg import LocalPostgres, find_bindir, free_port
 from workflow_streams.store.migrate import apply_migrations
 
 TOKEN = "bench-token"

@@ -28,7 +28,7 @@ from bench.harness import (
     postmaster_pid,
     process_tree_cpu,
 )
-from workflow_streams.localpg import LocalPostgres
+from workflow_streams.local.postgres import LocalPostgres
 
 PGBENCH_SCRIPTS = Path(__file__).resolve().parent / "pgbench"
 

@@ -40,9 +40,9 @@ import asyncpg
 
 from bench import generator
 from bench.harness import PREFIX, TOKEN, Server, pins, start_postgres
+from workflow_streams.local.postgres import find_bindir, free_port
 from workflow_streams.local.topologies import ConfiguredPostgres, Partition, PgBouncer, Replication, ServeInNamespace
 from workflow_streams.local.workload import Workload
-from workflow_streams.localpg import find_bindir, free_port
 from workflow_streams.store.migrate import apply_migrations
 
 DATABASE = "wfs"

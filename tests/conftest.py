@@ -21,10 +21,10 @@ from tests.controlplane import CACHE_BIN, ControlPlane, KindPlane, binaries_pres
 from tests.minio import ACCESS_KEY, SECRET_KEY, MinioServer, minio_binary
 from tests.node import FIGURES, NodeCluster, leftovers, why_unavailable
 from tests.support import TOKENS, StreamsApi
-from workflow_streams.api.app import create_app
-from workflow_streams.config import Settings
-from workflow_streams.localpg import LocalPostgres, find_bindir
-from workflow_streams.objectstore import RegionConfig
+from workflow_streams.adapters.config import Settings
+from workflow_streams.adapters.objectstore import RegionConfig
+from workflow_streams.local.postgres import LocalPostgres, find_bindir
+from workflow_streams.shells.compose import create_app
 from workflow_streams.store.migrate import apply_migrations
 
 # the production shapes (PgBouncer, a standby, a network partition) as fixtures

@@ -7,8 +7,8 @@ import re
 import signal
 from pathlib import Path
 
+from workflow_streams.local.postgres import free_port
 from workflow_streams.local.process import Process, workflow_streams
-from workflow_streams.localpg import free_port
 
 
 class DevProcess:

@@ -47,8 +47,8 @@ from cryptography.hazmat.primitives import serialization
 
 from workflow_streams.local import cache_bin
 from workflow_streams.local.kube import AUDIENCE, ControlPlane, _cert, _key, _name, _pem_key
+from workflow_streams.local.postgres import LocalPostgres, free_port
 from workflow_streams.local.process import Process, http_ok, wait_until
-from workflow_streams.localpg import LocalPostgres, free_port
 
 NODE_IP = "10.250.0.1"
 NODE_NAME = "wfs-node"

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import aiohttp
 
+from workflow_streams.local.postgres import free_port
 from workflow_streams.local.process import Process, workflow_streams
-from workflow_streams.localpg import free_port
 
 
 class Replica:

@@ -191,7 +191,7 @@ async def test_rendered_records_match_the_decoded_form(api: StreamsApi, db: asyn
     """The spliced JSON rendering says exactly what decoding and re-encoding would."""
     import json
 
-    from workflow_streams import wire
+    from workflow_streams.adapters import wire
     from workflow_streams.store.reads import RECORD_COLUMNS, stored_record
 
     await api.create("r", "s")

@@ -24,7 +24,7 @@ import pytest
 from tests.support import SseReader, StreamsApi, problem
 from tests.test_sse import subscribe
 from tests.waiting import eventually
-from workflow_streams.api.app import create_app
+from workflow_streams.shells.compose import create_app
 
 APPENDERS = 12
 APPENDS_EACH = 40

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.support import ALICE, SseReader, StreamsApi
-from workflow_streams import wire
+from workflow_streams.adapters import wire
 from workflow_streams.domain.media import is_json
 from workflow_streams.store.bodies import fetch_body
 from workflow_streams.store.reads import fetch_page

@@ -30,16 +30,16 @@ import pytest
 import yaml
 
 from tests.minio import MinioServer, minio_binary
-from tests.node import FIGURES, NODE_IP, NodeCluster, NodePostgres
+from tests.node import FIGURES, NODE_IP, NODE_NAME, NodeCluster, NodePostgres
 from tests.support import pins
 from tests.test_chart import CHART, REPO, helm, readme_install_commands
 from tests.test_image import NO_CANNOT_RUN, choose_engine
 from tests.test_operator import stream_manifest
 from tests.waiting import eventually
 from workflow_streams import API_PREFIX
+from workflow_streams.local.postgres import find_bindir
 from workflow_streams.local.process import workflow_streams
 from workflow_streams.local.workload import Workload
-from workflow_streams.localpg import find_bindir
 
 pytestmark = [pytest.mark.slow, pytest.mark.node]
 NAMESPACE = "workflow-streams"  # the README's
@@ -657,15 +657,24 @@ async def test_two_operator_replicas_one_leads_the_other_takes_over(release: Rel
     figure(f"operator replicas started before their peering object: both active for {both:.2f} s")
     assert both < 30, f"both replicas worked for {both:.1f} s: the standby did not see the leader until a keep-alive"
 
-    deleted = time.time()
-    release.kubectl("delete", "pod", leader, "-n", NAMESPACE)
+    # the leader's pod goes and its replacement cannot be scheduled yet (as when its node is drained): the
+    # standby must take over (a replacement started at once could outrank it and lead instead)
+    release.kubectl("cordon", NODE_NAME)
+    try:
+        deleted = time.time()
+        release.kubectl("delete", "pod", leader, "-n", NAMESPACE)
 
-    def took_over() -> bool:
-        return any(start >= deleted - 1 for start, _ in active_spans(log(standby)))
+        def took_over() -> bool:
+            return any(start >= deleted - 1 for start, _ in active_spans(log(standby)))
 
-    await eventually(lambda: asyncio.to_thread(took_over), within=60, interval=0.5,
-                     message="the standby did not take over when the leader's pod went")  # fmt: skip
-    manifest = stream_manifest("second-ha", "chart-ha", "second-ha", authorization={"append": [APP]})
-    release.kubectl("apply", "-n", CLIENTS, "-f", "-", input=yaml.safe_dump(manifest))
-    await wait_ready(release, "second-ha")
+        await eventually(lambda: asyncio.to_thread(took_over), within=60, interval=0.5,
+                         message="the standby did not take over when the leader's pod went")  # fmt: skip
+        manifest = stream_manifest("second-ha", "chart-ha", "second-ha", authorization={"append": [APP]})
+        release.kubectl("apply", "-n", CLIENTS, "-f", "-", input=yaml.safe_dump(manifest))
+        await wait_ready(release, "second-ha")
+        assert reconciled(standby) > counts[1], "the standby reconciled the new stream"
+    finally:
+        release.kubectl("uncordon", NODE_NAME)
     assert await db.fetchval("SELECT count(*) FROM wfs_streams WHERE run_id = 'chart-ha'") == 2
+    await eventually(lambda: asyncio.to_thread(release.deployments_ready), within=120, interval=0.5,
+                     message="the leader's replacement never became Ready")  # fmt: skip

@@ -19,15 +19,15 @@ import yaml
 
 from tests.replica import Replica
 from tests.support import pins
-from workflow_streams.cli import build_parser
-from workflow_streams.localpg import free_port
+from workflow_streams.local.postgres import free_port
+from workflow_streams.shells.cli import build_parser
 
 pytestmark = pytest.mark.slow
 
 
 def cli(*args: str, env: dict[str, str] | None = None, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "workflow_streams.cli", *args],
+        [sys.executable, "-m", "workflow_streams", *args],
         capture_output=True,
         text=True,
         timeout=120,
@@ -52,7 +52,7 @@ def on_a_terminal(*args: str, env: dict[str, str]) -> tuple[int, str, str]:
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 120, 0, 0))  # a 0-column bar draws nothing
     proc = subprocess.Popen(
-        [sys.executable, "-m", "workflow_streams.cli", *args],
+        [sys.executable, "-m", "workflow_streams", *args],
         stdout=subprocess.PIPE,
         stderr=slave,
         env={**os.environ, **env},
@@ -165,7 +165,7 @@ async def test_file_upload_and_deliveries(server: Replica, env: dict[str, str], 
     assert json.loads(downloaded.stdout)["sha256"] == record["object"]["sha256"]
     piped = await asyncio.to_thread(
         subprocess.run,
-        [sys.executable, "-m", "workflow_streams.cli", "download", "run", "files", "1"],
+        [sys.executable, "-m", "workflow_streams", "download", "run", "files", "1"],
         capture_output=True,
         timeout=120,
         env={**os.environ, **env},
@@ -310,7 +310,7 @@ def test_completion_completes_commands(tmp_path: Path) -> None:
     line = "workflow-streams de"
     out = tmp_path / "candidates"
     result = subprocess.run(
-        [sys.executable, "-m", "workflow_streams.cli"],
+        [sys.executable, "-m", "workflow_streams"],
         capture_output=True,
         text=True,
         timeout=60,

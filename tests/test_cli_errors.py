@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from workflow_streams.localpg import free_port
+from workflow_streams.local.postgres import free_port
 
 pytestmark = pytest.mark.slow  # processes
 
@@ -20,7 +20,7 @@ def run(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
     # no WFS_* of the caller's shell: exactly what the case says
     base = {k: v for k, v in os.environ.items() if not k.startswith("WFS_")}
     return subprocess.run(
-        [sys.executable, "-m", "workflow_streams.cli", *args],
+        [sys.executable, "-m", "workflow_streams", *args],
         capture_output=True,
         text=True,
         timeout=120,
@@ -71,7 +71,7 @@ def test_ctrl_c_while_the_modules_are_imported() -> None:
     are still being imported, long before any command runs."""
     base = {k: v for k, v in os.environ.items() if not k.startswith("WFS_")}
     with subprocess.Popen(
-        [sys.executable, "-X", "importtime", "-m", "workflow_streams.cli", "ls", "run-1"],
+        [sys.executable, "-X", "importtime", "-m", "workflow_streams", "ls", "run-1"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

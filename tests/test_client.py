@@ -152,7 +152,7 @@ async def test_object_upload_from_a_file(database_url: str, tmp_path: Path, s3_r
 
 def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "workflow_streams.cli", *args],
+        [sys.executable, "-m", "workflow_streams", *args],
         capture_output=True,
         text=True,
         timeout=60,

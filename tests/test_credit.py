@@ -9,7 +9,7 @@ import asyncpg
 
 from tests.support import StreamsApi, credit, metric, problem
 from tests.waiting import eventually
-from workflow_streams.api.app import create_app
+from workflow_streams.shells.compose import create_app
 
 
 async def test_reject_policy_returns_429_until_acked(api: StreamsApi) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from workflow_streams.config import Settings
+from workflow_streams.adapters.config import Settings
 from workflow_streams.store.db import Connecting
 
 pytestmark = pytest.mark.unit

@@ -21,8 +21,8 @@ from aiohttp.test_utils import TestClient
 from tests.conftest import make_settings
 from tests.support import StreamsApi, problem
 from tests.waiting import eventually
-from workflow_streams.api.app import create_app
-from workflow_streams.localpg import LocalPostgres
+from workflow_streams.local.postgres import LocalPostgres
+from workflow_streams.shells.compose import create_app
 from workflow_streams.store import db
 from workflow_streams.store.migrate import apply_migrations
 

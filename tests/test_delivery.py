@@ -12,8 +12,8 @@ import pytest
 from tests.support import StreamsApi, problem
 from tests.waiting import eventually
 from tests.waitservice import WaitService, first_occurrences
-from workflow_streams.api.app import create_app
 from workflow_streams.domain.delivery import event_id
+from workflow_streams.shells.compose import create_app
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ from tests.waiting import eventually
 from tests.waitservice import WaitService, first_occurrences
 from workflow_streams import API_PREFIX
 from workflow_streams.domain.delivery import event_id
-from workflow_streams.localpg import LocalPostgres
+from workflow_streams.local.postgres import LocalPostgres
 from workflow_streams.store.migrate import apply_migrations
 
 pytestmark = pytest.mark.slow

@@ -174,7 +174,7 @@ def test_token_is_stable_and_a_taken_port_is_reported_first(tmp_path: Path) -> N
         assert (first.data_dir / "token").stat().st_mode & 0o077 == 0, "the token file is private"
         # a second dev on the same port: one line, before anything else is printed or started
         taken = subprocess.run(
-            [sys.executable, "-m", "workflow_streams.cli", "dev", "--port", str(first.port)],
+            [sys.executable, "-m", "workflow_streams", "dev", "--port", str(first.port)],
             capture_output=True,
             text=True,
             timeout=60,
@@ -247,7 +247,7 @@ async def test_dev_kube_runs_the_operator_and_holds(tmp_path: Path) -> None:
             [
                 sys.executable,
                 "-m",
-                "workflow_streams.cli",
+                "workflow_streams",
                 "hold",
                 "answers",
                 "--matter",

@@ -21,7 +21,7 @@ from tests.conftest import make_settings
 from tests.support import SseReader, StreamsApi, metric
 from tests.test_sse import subscribe
 from tests.waiting import eventually
-from workflow_streams.api.app import create_app
+from workflow_streams.shells.compose import create_app
 
 
 @pytest.fixture

@@ -14,9 +14,9 @@ from aiohttp.test_utils import TestClient
 
 from tests.conftest import make_settings
 from tests.support import ALICE, BOB, StreamsApi
-from workflow_streams.api.app import create_app
 from workflow_streams.domain.durable import encode_offset
 from workflow_streams.domain.durable_pins import default_template
+from workflow_streams.shells.compose import create_app
 from workflow_streams.store.retention import prune_stream
 
 DS = "/api/durable-streams/v1/stream"

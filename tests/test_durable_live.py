@@ -14,9 +14,9 @@ from aiohttp.test_utils import TestClient
 from tests.conftest import make_settings
 from tests.support import ALICE, SseReader, StreamsApi, metric, problem, small_receive_buffer
 from tests.waiting import eventually
-from workflow_streams.api.app import create_app
 from workflow_streams.domain.durable import encode_offset
 from workflow_streams.runtime import live
+from workflow_streams.shells.compose import create_app
 
 DS = "/api/durable-streams/v1/stream"
 JSON = {**ALICE, "Content-Type": "application/json"}

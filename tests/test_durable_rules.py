@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from workflow_streams import wire
+from workflow_streams.adapters import wire
 from workflow_streams.domain import durable as rules
 from workflow_streams.domain.durable_pins import default_template, pins_from_template
 from workflow_streams.domain.errors import InvalidInput, PayloadTooLarge

@@ -15,8 +15,8 @@ from aiohttp import ClientResponse
 from tests.support import ALICE, EVE, StreamsApi, pins
 from tests.waiting import eventually
 from workflow_streams import API_PREFIX
-from workflow_streams.api.app import create_app
 from workflow_streams.domain.strictjson import MAX_DEPTH
+from workflow_streams.shells.compose import create_app
 
 
 async def snapshot(db: asyncpg.Connection) -> tuple[Any, ...]:

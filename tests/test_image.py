@@ -23,8 +23,8 @@ import pytest
 
 from tests.support import pins
 from workflow_streams import API_PREFIX
+from workflow_streams.local.postgres import LocalPostgres, free_port
 from workflow_streams.local.process import http_ok, wait_until
-from workflow_streams.localpg import LocalPostgres, free_port
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]

@@ -9,8 +9,8 @@ import pytest
 
 from tests.controlplane import ControlPlane, _key, _pem_key, sign_service_account_token
 from tests.support import StreamsApi, problem
-from workflow_streams.api.app import create_app
 from workflow_streams.api.kubeauth import KubeAuthSettings
+from workflow_streams.shells.compose import create_app
 
 pytestmark = pytest.mark.slow
 AUDIENCE = "workflow-streams"

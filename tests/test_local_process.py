@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from tests.waiting import eventually
+from workflow_streams.local.postgres import free_port
 from workflow_streams.local.process import NotReady, Process, ProcessExited, http_ok
-from workflow_streams.localpg import free_port
 
 pytestmark = pytest.mark.unit
 

@@ -13,7 +13,7 @@ import pytest
 from tests.conftest import TEMPLATE, create_database
 from tests.support import pins
 from workflow_streams.domain.pins import StreamPins
-from workflow_streams.localpg import LocalPostgres
+from workflow_streams.local.postgres import LocalPostgres
 from workflow_streams.store.migrate import apply_migrations, discover
 from workflow_streams.store.reads import RECORD_COLUMNS
 

@@ -13,7 +13,7 @@ from botocore.exceptions import ClientError
 
 from tests.support import BOB, EVE, ObjectsApi, StreamsApi, problem
 from tests.waiting import eventually
-from workflow_streams.api.app import create_app
+from workflow_streams.shells.compose import create_app
 
 pytestmark = pytest.mark.slow  # MinIO
 MiB = 1024 * 1024

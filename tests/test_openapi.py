@@ -22,9 +22,9 @@ from tests.minio import ACCESS_KEY, SECRET_KEY, MinioServer
 from tests.replica import Replica
 from tests.support import ALICE, BOB, EVE, StreamsApi, pins
 from workflow_streams import API_PREFIX
-from workflow_streams.api.app import create_app
-from workflow_streams.localpg import LocalPostgres
-from workflow_streams.objectstore import RegionConfig
+from workflow_streams.adapters.objectstore import RegionConfig
+from workflow_streams.local.postgres import LocalPostgres
+from workflow_streams.shells.compose import create_app
 
 
 async def test_document_lists_exactly_the_routes(aiohttp_client: Any, database_url: str, settings_for: Any) -> None:

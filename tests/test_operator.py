@@ -19,9 +19,9 @@ import yaml
 from tests.controlplane import ControlPlane
 from tests.support import ObjectsApi, StreamsApi
 from tests.waiting import eventually
-from workflow_streams.api.app import create_app
+from workflow_streams.adapters.objectstore import RegionConfig
 from workflow_streams.local.process import Process, workflow_streams
-from workflow_streams.objectstore import RegionConfig
+from workflow_streams.shells.compose import create_app
 from workflow_streams.store.retention import prune_stream
 from workflow_streams_operator.bucketpolicy import statement_id
 
@@ -240,7 +240,7 @@ def test_kubectl_explain_teaches_the_api(kube: ControlPlane, namespace: str) -> 
 
 def cli(*args: str, kube: ControlPlane) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "workflow_streams.cli", *args],
+        [sys.executable, "-m", "workflow_streams", *args],
         capture_output=True,
         text=True,
         timeout=120,

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from workflow_streams.config import Settings
+from workflow_streams.adapters.config import Settings
 from workflow_streams_operator.settings import OperatorSettings, priority
 
 pytestmark = pytest.mark.unit

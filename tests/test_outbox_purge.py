@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 import asyncpg
 import pytest
 
-from workflow_streams.objectstore import ObjectStore, RegionConfig
+from workflow_streams.adapters.objectstore import ObjectStore, RegionConfig
 from workflow_streams.store.db import create_pool
 from workflow_streams.workers import objects as janitor
 

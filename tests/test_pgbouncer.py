@@ -23,9 +23,9 @@ from tests.conftest import create_database
 from tests.replica import Replica
 from tests.support import pins
 from tests.waiting import eventually
+from workflow_streams.local.postgres import LocalPostgres
 from workflow_streams.local.topologies import PgBouncer
 from workflow_streams.local.workload import Workload
-from workflow_streams.localpg import LocalPostgres
 
 pytestmark = pytest.mark.slow
 
@@ -115,7 +115,7 @@ async def test_migrations_run_through_the_pooler(pg: LocalPostgres, pgbouncer: P
     for _ in range(2):
         done = await asyncio.to_thread(
             subprocess.run,
-            [sys.executable, "-m", "workflow_streams.cli", "migrate"],
+            [sys.executable, "-m", "workflow_streams", "migrate"],
             env=env,
             capture_output=True,
             text=True,

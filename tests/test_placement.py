@@ -9,10 +9,10 @@ import asyncpg
 import pytest
 
 from tests.support import StreamsApi, problem
-from workflow_streams.api.app import create_app
 from workflow_streams.domain.pins import parse_pins
 from workflow_streams.domain.placement import client_region
 from workflow_streams.domain.redaction import loggable_payload
+from workflow_streams.shells.compose import create_app
 
 
 async def make_api(aiohttp_client: Any, database_url: str, settings_for: Any, **overrides: Any) -> StreamsApi:

@@ -22,8 +22,8 @@ from tests.waiting import eventually
 from workflow_streams.domain.authz import Principal, Trusted
 from workflow_streams.domain.pins import StreamPins
 from workflow_streams.domain.records import RecordIn
+from workflow_streams.local.postgres import LocalPostgres
 from workflow_streams.local.process import Process
-from workflow_streams.localpg import LocalPostgres
 from workflow_streams.store import claims, definitions
 from workflow_streams.store.appends import AppendRequest, append_batch
 from workflow_streams.store.db import create_pool

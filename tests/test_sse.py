@@ -14,9 +14,9 @@ from aiohttp.test_utils import TestClient
 
 from tests.support import BOB, EVE, SseReader, StreamsApi, credit, metric, problem, small_receive_buffer
 from tests.waiting import eventually
-from workflow_streams.api.app import create_app
 from workflow_streams.domain.wakes import RECORDS, Signal
 from workflow_streams.runtime import live
+from workflow_streams.shells.compose import create_app
 from workflow_streams.store import notify
 from workflow_streams.store.retention import prune_stream
 

@@ -9,8 +9,8 @@ import pytest
 from aiohttp import web
 
 from tests.support import StreamsApi
-from workflow_streams.api.app import create_app
 from workflow_streams.api.events import close_open_streams
+from workflow_streams.shells.compose import create_app
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = [

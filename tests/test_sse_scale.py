@@ -13,8 +13,8 @@ import pytest
 
 from tests.support import ALICE, SseReader, StreamsApi
 from tests.waiting import eventually
-from workflow_streams.api.app import create_app
-from workflow_streams.localpg import LocalPostgres
+from workflow_streams.local.postgres import LocalPostgres
+from workflow_streams.shells.compose import create_app
 from workflow_streams.store.migrate import apply_migrations
 
 pytestmark = pytest.mark.slow

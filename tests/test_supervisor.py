@@ -17,9 +17,9 @@ from tests.conftest import make_settings
 from tests.support import SseReader, StreamsApi, metric
 from tests.test_sse import subscribe
 from tests.waiting import eventually
-from workflow_streams.api.app import create_app
 from workflow_streams.runtime import wakes
 from workflow_streams.runtime.supervisor import Supervisor
+from workflow_streams.shells.compose import create_app
 
 
 async def test_a_task_that_raises_is_logged_counted_and_restarted(caplog: pytest.LogCaptureFixture) -> None:

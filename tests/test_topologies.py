@@ -14,9 +14,9 @@ import asyncpg
 import pytest
 
 from tests.waiting import eventually
+from workflow_streams.local.postgres import free_port
 from workflow_streams.local.process import http_ok
 from workflow_streams.local.topologies import ConfiguredPostgres, Partition, PgBouncer, Replication, tcp_connect_from
-from workflow_streams.localpg import free_port
 
 # The data plane's way of numbering a stream's records: the next sequence is one past the highest stored.
 NEXT_RECORD = "INSERT INTO records SELECT coalesce(max(seq), 0) + 1, $1 FROM records RETURNING seq"

@@ -16,13 +16,13 @@ import pytest
 from tests.support import SseReader, StreamsApi
 from tests.test_sse import subscribe
 from tests.waiting import eventually
-from workflow_streams.api.app import create_app
 from workflow_streams.domain.authz import Principal
 from workflow_streams.domain.errors import Forbidden, IdempotencyKeyReused, StreamClosed, StreamNotFound
 from workflow_streams.domain.records import RecordIn
 from workflow_streams.runtime.durability import Durability
 from workflow_streams.runtime.group_commit import GroupCommit
 from workflow_streams.runtime.wakes import PollOnly, WakeHub
+from workflow_streams.shells.compose import create_app
 from workflow_streams.store import appends, streams
 from workflow_streams.store.appends import AppendRequest, AppendResult, append_batch
 from workflow_streams.store.db import create_pool

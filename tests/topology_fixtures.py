@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from workflow_streams.local.postgres import LocalPostgres, find_bindir, free_port
 from workflow_streams.local.topologies import ConfiguredPostgres, Partition, PgBouncer, Replication
-from workflow_streams.localpg import LocalPostgres, find_bindir, free_port
 
 
 def _bindir() -> Path:

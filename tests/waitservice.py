@@ -8,7 +8,7 @@ from typing import Any
 from aiohttp import web
 
 from tests.waiting import eventually
-from workflow_streams.localpg import free_port
+from workflow_streams.local.postgres import free_port
 
 Behaviour = Callable[[dict[str, Any], int], Awaitable[int]]
 

@@ -57,7 +57,7 @@ from bench.harness import (
 from workflow_streams.domain.authz import Principal
 from workflow_streams.domain.pins import StreamPins
 from workflow_streams.domain.records import RecordIn
-from workflow_streams.localpg import LocalPostgres
+from workflow_streams.local.postgres import LocalPostgres
 from workflow_streams.store import reads as reads_store
 from workflow_streams.store.appends import AppendRequest, append_batch
 from workflow_streams.store.db import create_pool

@@ -17,12 +17,12 @@ import kopf
 import prometheus_client
 from botocore.exceptions import BotoCoreError, ClientError
 
+from workflow_streams.adapters.objectstore import ObjectStore
 from workflow_streams.domain.authz import Trusted
 from workflow_streams.domain.errors import NotFound, PinsConflict, StreamError, StreamHeld
 from workflow_streams.domain.pins import parse_pins
 from workflow_streams.domain.placement import check_metadata_home
-from workflow_streams.holds import apply_legal_hold
-from workflow_streams.objectstore import ObjectStore
+from workflow_streams.runtime.holds import apply_legal_hold
 from workflow_streams.store import definitions, notify
 from workflow_streams.store.db import DB_UNAVAILABLE, create_pool
 from workflow_streams.store.retention import is_held

@@ -1,6 +1,6 @@
 """The operator's settings, read from the environment once at start-up (``memo.settings``).
 
-The data plane's own parsing (``workflow_streams.config.Settings``) reads what both share — the
+The data plane's own parsing (``workflow_streams.adapters.config.Settings``) reads what both share — the
 database, the metadata region, the S3 regions and the region CIDRs — so the operator and the data plane
 cannot read the same ``WFS_*`` variable two ways; only the operator's own variables are parsed here.
 """
@@ -13,7 +13,7 @@ import random
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from workflow_streams.config import Settings
+from workflow_streams.adapters.config import Settings
 
 
 @dataclass(frozen=True)

@@ -17,8 +17,8 @@ from pathlib import Path
 import aiohttp
 
 # The settings live in config (below the shells); re-exported so callers keep one import for token review.
-from ..config import IN_CLUSTER as IN_CLUSTER
-from ..config import KubeAuthSettings as KubeAuthSettings
+from ..adapters.config import IN_CLUSTER as IN_CLUSTER
+from ..adapters.config import KubeAuthSettings as KubeAuthSettings
 from ..domain.authz import Principal
 
 log = logging.getLogger(__name__)

@@ -9,9 +9,9 @@ import uuid
 
 from aiohttp import web
 
+from ..adapters.objectstore import ObjectStore
 from ..domain.errors import FutureCursor, InvalidInput, NotAnObject, NotFound, ObjectRegionUnavailable
 from ..domain.objects import byte_range, parse_prepare, repr_digest, served_content_type
-from ..objectstore import ObjectStore
 from ..runtime.group_commit import with_credit_wait
 from ..runtime.publish import committed
 from ..runtime.reads import read_page

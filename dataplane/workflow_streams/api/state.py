@@ -6,9 +6,9 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from ..config import Settings
+from ..adapters.config import Settings
+from ..adapters.objectstore import ObjectStore
 from ..domain.authz import Principal
-from ..objectstore import ObjectStore
 from ..runtime.durability import Durability
 from ..runtime.group_commit import GroupCommit
 from ..runtime.live import Live

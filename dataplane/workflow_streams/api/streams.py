@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncpg
 from aiohttp import web
 
-from .. import metrics, wire
+from ..adapters import metrics, wire
 from ..domain.authz import Action, Principal
 from ..domain.cursor import parse_cursor
 from ..domain.errors import InvalidInput, NotAnInputStream
@@ -13,8 +13,8 @@ from ..domain.ids import check_id
 from ..domain.pins import parse_pins
 from ..domain.placement import check_metadata_home
 from ..domain.records import parse_append_body
-from ..holds import apply_legal_hold
 from ..runtime.group_commit import append_records
+from ..runtime.holds import apply_legal_hold
 from ..runtime.publish import committed
 from ..runtime.reads import read_body
 from ..store import consumers, definitions, deliveries, streams

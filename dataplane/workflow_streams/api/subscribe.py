@@ -9,7 +9,7 @@ import asyncio
 
 from aiohttp import web
 
-from .. import wire
+from ..adapters import wire
 from ..domain.cursor import parse_cursor
 from ..domain.errors import InvalidInput, StreamError
 from ..runtime.live import Delivery

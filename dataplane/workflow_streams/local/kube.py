@@ -21,8 +21,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.x509.oid import NameOID
 
-from ..localpg import free_port
 from . import cache_bin, checkout_file
+from .postgres import free_port
 from .process import Process, http_ok, wait_until
 
 CACHE_BIN = cache_bin()

@@ -7,8 +7,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from ..localpg import free_port
 from . import find_binary
+from .postgres import free_port
 from .process import Process
 
 ACCESS_KEY = "wfs-test-access"

@@ -41,7 +41,7 @@ class NotReady(TimeoutError):
 
 def workflow_streams(*args: str) -> list[str]:
     """The ``workflow-streams`` command of this very interpreter (the installed script may be another's)."""
-    return [sys.executable, "-m", "workflow_streams.cli", *args]
+    return [sys.executable, "-m", "workflow_streams", *args]
 
 
 def _die_with_parent() -> None:

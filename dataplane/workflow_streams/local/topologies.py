@@ -29,7 +29,8 @@ from pathlib import Path
 from types import TracebackType
 
 from workflow_streams.local.process import Process, wait_until, workflow_streams
-from workflow_streams.localpg import LocalPostgres, free_port
+
+from .postgres import LocalPostgres, free_port
 
 RUNNING_AS_ROOT = os.geteuid() == 0
 SERVICE_USER = "postgres"

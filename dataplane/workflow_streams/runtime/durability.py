@@ -43,7 +43,7 @@ from typing import TypeVar
 
 from tenacity import AsyncRetrying, retry_if_exception_type
 
-from .. import metrics
+from ..adapters import metrics
 from ..domain.errors import StreamError
 from ..domain.wakes import RECORDS, Signal
 from ..store import wal

@@ -26,9 +26,9 @@ from typing import TypeVar
 import asyncpg
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt
 
-from .. import metrics
+from ..adapters import metrics
+from ..adapters.payloadlog import log_payload
 from ..domain.errors import Backpressure, BatchExceedsCredit, QuotaExhausted, StreamError
-from ..payloadlog import log_payload
 from ..store import db
 from ..store.appends import BEGIN, AppendRequest, AppendResult, Batch, append_batch
 from ..store.db import DB_UNAVAILABLE

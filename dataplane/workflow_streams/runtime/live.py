@@ -27,7 +27,7 @@ from typing import NamedTuple, Protocol, TypeVar
 
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type
 
-from .. import metrics
+from ..adapters import metrics
 from ..domain.authz import Action, Caller
 from ..domain.errors import StreamError, StreamNotFound, TooManySubscriptions
 from ..store import db, gaps, streams

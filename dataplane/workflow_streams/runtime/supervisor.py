@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import asyncpg
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type
 
-from .. import metrics
+from ..adapters import metrics
 from ..store.db import DB_UNAVAILABLE
 from .retries import BACKOFF
 

@@ -5,7 +5,7 @@ the whole stream) reads far more records than a live page holds. Read as rows of
 would be decoded by asyncpg and encoded again in Python (``wire.record_bytes``), which would be most of
 the server's time while Postgres idles. Here the server that holds the records builds each one's wire
 form, and a page crosses into Python as one ``bytes`` value per record, joined as they
-are. The forms are the ones ``wire.py`` makes from rows (tests/test_catchup_reads.py compares them).
+are. The forms are the ones ``adapters.wire`` makes from rows (tests/test_catchup_reads.py compares them).
 
 A page is bounded in records and in bytes (the records' stored sizes; at least one record). Where it
 ends is decided first, from the records' cumulative bytes, so exactly the page's rows are read.

@@ -18,13 +18,13 @@ from dataclasses import dataclass
 import aiohttp
 import asyncpg
 
-from .. import metrics
+from ..adapters import metrics
+from ..adapters.wire import record_json
 from ..domain.delivery import Outcome, backoff_seconds, classify, event_body
 from ..runtime import wakes
 from ..runtime.durability import Durability
 from ..store import claims, db, deliveries
 from ..store.db import DB_UNAVAILABLE
-from ..wire import record_json
 
 log = logging.getLogger(__name__)
 

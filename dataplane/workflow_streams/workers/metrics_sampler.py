@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import asyncpg
 
-from .. import metrics
+from ..adapters import metrics
 from ..store import db, usage
 
 log = logging.getLogger(__name__)

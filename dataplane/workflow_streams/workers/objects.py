@@ -23,8 +23,8 @@ from dataclasses import dataclass
 import asyncpg
 from botocore.exceptions import BotoCoreError, ClientError
 
+from ..adapters.objectstore import ObjectStore
 from ..domain.delivery import backoff_seconds
-from ..objectstore import ObjectStore
 from ..store import db, objects
 
 log = logging.getLogger(__name__)

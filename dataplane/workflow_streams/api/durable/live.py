@@ -11,7 +11,7 @@ import datetime as dt
 
 from aiohttp import web
 
-from ... import metrics, wire
+from ...adapters import metrics, wire
 from ...domain import durable as rules
 from ...domain.authz import Principal
 from ...domain.errors import StreamError, StreamNotFound

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from ... import wire
+from ...adapters import wire
 from ...domain import durable as rules
 from ...domain.authz import Action, Principal
 from ...domain.records import StoredRecord

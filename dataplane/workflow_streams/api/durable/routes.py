@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from ... import metrics
+from ...adapters import metrics
 from ...domain import durable as rules
 from ...domain.authz import Action, Principal
 from ...domain.durable_pins import default_template, pins_from_template

@@ -16,8 +16,8 @@ from aiobotocore.session import get_session
 from botocore.config import Config
 from botocore.exceptions import ClientError
 
-from .domain.errors import ObjectGone, ObjectMismatch, ObjectRegionUnavailable
-from .domain.objects import PART_BYTES, s3_checksum
+from ..domain.errors import ObjectGone, ObjectMismatch, ObjectRegionUnavailable
+from ..domain.objects import PART_BYTES, s3_checksum
 
 log = logging.getLogger(__name__)
 

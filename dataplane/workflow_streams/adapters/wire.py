@@ -15,10 +15,10 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from .domain.cursor import Bounds
-from .domain.durable import is_json_mode, sse_base64
-from .domain.errors import StreamError, StreamNotFound
-from .domain.records import StoredRecord, is_json
+from ..domain.cursor import Bounds
+from ..domain.durable import is_json_mode, sse_base64
+from ..domain.errors import StreamError, StreamNotFound
+from ..domain.records import StoredRecord, is_json
 
 
 def record_json(record: StoredRecord) -> dict[str, Any]:

@@ -32,14 +32,14 @@ from aiohttp.abc import AbstractAccessLogger
 from aiohttp.web_request import BaseRequest
 from aiohttp.web_response import StreamResponse
 
-from .config import Settings, redacted_dsn
-from .domain.authz import Principal
-from .local import cache_dir
-from .local.minio import MinioServer, minio_binary
-from .local.process import Process, workflow_streams
-from .localpg import LocalPostgres, find_bindir
-from .store.db import DB_UNAVAILABLE
-from .store.migrate import apply_migrations
+from ..adapters.config import Settings, redacted_dsn
+from ..domain.authz import Principal
+from ..local import cache_dir
+from ..local.minio import MinioServer, minio_binary
+from ..local.postgres import LocalPostgres, find_bindir
+from ..local.process import Process, workflow_streams
+from ..store.db import DB_UNAVAILABLE
+from ..store.migrate import apply_migrations
 
 log = logging.getLogger("workflow_streams.dev")
 WAIT_SERVICE_PATH = "/dev/wait-service"
@@ -79,7 +79,7 @@ def _run(options: DevOptions, env: Mapping[str, str]) -> int:
     # everything that can refuse to start is checked before anything is printed or started
     check_port_free(host, port)
     if options.kube:
-        from .local.kube import binaries_present
+        from ..local.kube import binaries_present
 
         if not binaries_present():
             raise DevError(
@@ -220,7 +220,7 @@ def start_minio(binary: Path, run_dir: Path, stack: contextlib.ExitStack) -> Min
 
 
 def start_kube(run_dir: Path, data_dir: Path, stack: contextlib.ExitStack) -> Any:
-    from .local.kube import ControlPlane
+    from ..local.kube import ControlPlane
 
     plane = ControlPlane(run_dir / "kube")
     plane.start()
@@ -312,7 +312,7 @@ class DevServer:
         return lines
 
     async def start_app(self) -> web.AppRunner:
-        from .api.app import create_app
+        from .compose import create_app
 
         app = create_app(self.settings)
         app.router.add_post(WAIT_SERVICE_PATH, _wait_service)

@@ -7,10 +7,10 @@ StreamLegalHold objects authorized it).
 
 from __future__ import annotations
 
-from .domain.authz import Caller
-from .objectstore import ObjectStore
-from .store import db, definitions, objects
-from .store.definitions import StreamState
+from ..adapters.objectstore import ObjectStore
+from ..domain.authz import Caller
+from ..store import db, definitions, objects
+from ..store.definitions import StreamState
 
 
 async def apply_legal_hold(

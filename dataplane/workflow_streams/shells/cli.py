@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .config import Settings
+    from ..adapters.config import Settings
 
 
 def settings_help(database: str) -> str:
@@ -73,8 +73,8 @@ WFS_WAIT_SERVICE_URL your wait service); --port, --region and --token override b
 def cmd_migrate(_args: argparse.Namespace) -> int:
     import asyncio
 
-    from .config import Settings
-    from .store.migrate import apply_migrations
+    from ..adapters.config import Settings
+    from ..store.migrate import apply_migrations
 
     settings = Settings.from_env()
     try:
@@ -89,9 +89,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import asyncio
     import dataclasses
 
-    from .config import Settings
+    from ..adapters.config import Settings
+    from ..store.db import create_pool
     from .serving import serve
-    from .store.db import create_pool
 
     settings = Settings.from_env()
     if args.workers is not None:
@@ -118,8 +118,8 @@ def _database_failure(settings: Settings, exc: Exception) -> int:
     """One line for a database that cannot be reached or refuses us; anything else is a bug: re-raised."""
     import asyncpg
 
-    from .config import redacted_dsn
-    from .store.db import DB_UNAVAILABLE
+    from ..adapters.config import redacted_dsn
+    from ..store.db import DB_UNAVAILABLE
 
     where = redacted_dsn(settings.database_url)
     if isinstance(exc, DB_UNAVAILABLE):
@@ -148,7 +148,7 @@ def fail(code: str, detail: str, status: int = 1) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .client.cli import add_commands, add_global_options
+    from ..client.cli import add_commands, add_global_options
 
     parser = argparse.ArgumentParser(
         prog="workflow-streams", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter

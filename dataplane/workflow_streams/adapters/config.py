@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from .domain.authz import Principal
+from ..domain.authz import Principal
+from ..store.db import DEFAULT_TIMEOUT_SECONDS, POOLERS, Connecting, Pooler
 from .objectstore import RegionConfig
-from .store.db import DEFAULT_TIMEOUT_SECONDS, POOLERS, Connecting, Pooler
 
 # Where a pod's projected service-account token and CA live. Here, not in api/kubeauth.py, because settings
 # sit below the shells that use them: config must not import api (tests/test_layers.py enforces it).

@@ -39,8 +39,8 @@ import uvloop
 from aiohttp import web
 from prometheus_client.multiprocess import mark_process_dead
 
-from .config import Settings
-from .metrics import MULTIPROC_DIR_ENV
+from ..adapters.config import Settings
+from ..adapters.metrics import MULTIPROC_DIR_ENV
 
 log = logging.getLogger(__name__)
 
@@ -215,7 +215,7 @@ def _listen(settings: Settings) -> socket.socket:
 
 
 def _run(settings: Settings, *, siblings: _Siblings | None = None) -> None:
-    from .api.app import create_app
+    from .compose import create_app
 
     tune_gc()
     sock = _listen(settings) if siblings is not None else None

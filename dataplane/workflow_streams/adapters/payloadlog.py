@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import logging
 
-from .domain.pins import StreamPins
-from .domain.redaction import loggable_payload
+from ..domain.pins import StreamPins
+from ..domain.redaction import loggable_payload
 
 PAYLOAD_LOG = logging.getLogger("workflow_streams.payload")
 

@@ -1,7 +1,7 @@
 """Prometheus metrics of the data plane (the operator's are in its own package).
 
 With ``serve --workers N`` the N processes share one port, so a scrape lands on any of them. The parent
-then runs prometheus_client's multiprocess mode (``serving.py`` sets ``PROMETHEUS_MULTIPROC_DIR`` before
+then runs prometheus_client's multiprocess mode (``shells.serving`` sets ``PROMETHEUS_MULTIPROC_DIR`` before
 the workers start): each worker writes its values to mmap files in that directory and ``/metrics`` sums
 them, so every scrape speaks for all the workers. Counters and histograms add up across processes; each
 gauge says how (``multiprocess_mode``, ignored in one process).
