@@ -37,9 +37,9 @@ from tests.test_image import NO_CANNOT_RUN, choose_engine
 from tests.test_operator import stream_manifest
 from tests.waiting import eventually
 from workflow_streams import API_PREFIX
+from workflow_streams.local.postgres import find_bindir
 from workflow_streams.local.process import workflow_streams
 from workflow_streams.local.workload import Workload
-from workflow_streams.localpg import find_bindir
 
 pytestmark = [pytest.mark.slow, pytest.mark.node]
 NAMESPACE = "workflow-streams"  # the README's
