@@ -47,6 +47,8 @@ RELEASE = "wfs"
 DEPLOYMENT = f"{RELEASE}-workflow-streams"
 CLIENTS = "team-a"  # client service accounts and WorkflowStreams live here
 APP = f"system:serviceaccount:{CLIENTS}:app"
+HEARTBEAT_SECONDS = 2
+SUBSCRIBER_IDLE_SECONDS = 5 * HEARTBEAT_SECONDS  # silence this long: the connection is dead, resume elsewhere
 
 
 @dataclass
@@ -196,14 +198,20 @@ def release(
     asyncio.run(_execute(node_pg.dsn, f"CREATE DATABASE {database}"))
     steps = readme_steps(node_pg.pod_dsn(database), node_image)
     assert [s[0] for s in steps] == ["kubectl", "kubectl", "helm"], steps
-    # the test's own values: an object store (a Secret, as the values table says) and a prune interval a
-    # test can wait for
+    # the test's own values: an object store (a Secret, as the values table says), a prune interval a
+    # test can wait for, and heartbeats often enough that a subscriber takes a silent connection (its pod
+    # deleted by force) for dead within SUBSCRIBER_IDLE_SECONDS
     values = tmp_path_factory.mktemp("values") / "values.yaml"
     values.write_text(
         yaml.safe_dump(
             {
                 "objectStore": {"existingSecret": "workflow-streams-objects"},
-                "dataplane": {"extraEnv": [{"name": "WFS_PRUNE_INTERVAL_SECONDS", "value": "1"}]},
+                "dataplane": {
+                    "extraEnv": [
+                        {"name": "WFS_PRUNE_INTERVAL_SECONDS", "value": "1"},
+                        {"name": "WFS_SSE_HEARTBEAT_SECONDS", "value": str(HEARTBEAT_SECONDS)},
+                    ]
+                },
             }
         )
     )
@@ -473,7 +481,10 @@ async def under_load(release: Release, disrupt: Callable[[], Awaitable[None]], l
     token = release.token()
     run_id = f"{label}-{uuid.uuid4().hex[:6]}"
     async with aiohttp.ClientSession() as session:
-        work = Workload(session, [release.base], token, run=run_id, streams=3, request_timeout=20)
+        work = Workload(
+            session, [release.base], token, run=run_id, streams=3, request_timeout=20,
+            idle_timeout=SUBSCRIBER_IDLE_SECONDS,
+        )  # fmt: skip
         await work.create(app_pins())
         work.subscribe(per_stream_and_base=3)
         stop, keys = asyncio.Event(), iter(range(1_000_000))
@@ -500,7 +511,10 @@ async def under_load(release: Release, disrupt: Callable[[], Awaitable[None]], l
             await eventually(lambda: len(work.acknowledged) >= before + 40, within=60, message="no appends after")
             stop.set()
             await asyncio.gather(*tasks)
-            await eventually(work.caught_up, within=60, message="subscribers did not catch up")
+            try:
+                await eventually(work.caught_up, within=60, message="subscribers did not catch up")
+            except AssertionError as exc:
+                raise AssertionError(f"{exc}: {await work.lagging()}") from None
             problems = await work.check()
         finally:
             stop.set()

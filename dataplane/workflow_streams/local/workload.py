@@ -66,12 +66,19 @@ class Attempts:
 
 
 class Subscriber:
-    """One SSE subscriber of one stream on one data plane, resuming with Last-Event-ID."""
+    """One SSE subscriber of one stream on one data plane, resuming with Last-Event-ID.
 
-    def __init__(self, session: aiohttp.ClientSession, base: str, run: str, stream: str, token: str) -> None:
+    A connection silent for ``idle_timeout`` seconds (several of the server's heartbeats) is taken for dead
+    and resumed: a server that vanishes without closing its sockets (a pod deleted by force, a partition)
+    sends no FIN to wait for."""
+
+    def __init__(
+        self, session: aiohttp.ClientSession, base: str, run: str, stream: str, token: str, *, idle_timeout: float
+    ) -> None:
         self.base, self.run, self.stream = base, run, stream
         self._session = session
         self._token = token
+        self._timeout = aiohttp.ClientTimeout(sock_read=idle_timeout)
         self.seen: list[tuple[int, str]] = []
         self.reconnects = 0
         self.errors: list[str] = []
@@ -95,7 +102,7 @@ class Subscriber:
         while True:
             headers = {"Authorization": f"Bearer {self._token}", "Last-Event-ID": str(self.last)}
             try:
-                async with self._session.get(url, headers=headers, timeout=aiohttp.ClientTimeout(sock_read=60)) as resp:
+                async with self._session.get(url, headers=headers, timeout=self._timeout) as resp:
                     if resp.status != 200:
                         self.errors.append(f"{resp.status} {await resp.text()}")
                     else:
@@ -141,6 +148,7 @@ class Workload:
         run: str = "workload",
         streams: int = 3,
         request_timeout: float = 30.0,
+        idle_timeout: float = 60.0,
     ) -> None:
         self.session = session
         self.bases = list(bases)
@@ -148,6 +156,7 @@ class Workload:
         self.run = run
         self.streams = [f"s{i}" for i in range(streams)]
         self.timeout = aiohttp.ClientTimeout(total=request_timeout)
+        self.idle_timeout = idle_timeout
         self.acknowledged: list[Acknowledged] = []
         self.attempts = Attempts()
         self.subscribers: list[Subscriber] = []
@@ -169,7 +178,9 @@ class Workload:
         for base in self.bases:
             for stream in self.streams:
                 for _ in range(per_stream_and_base):
-                    subscriber = Subscriber(self.session, base, self.run, stream, self.token)
+                    subscriber = Subscriber(
+                        self.session, base, self.run, stream, self.token, idle_timeout=self.idle_timeout
+                    )
                     subscriber.start()
                     self.subscribers.append(subscriber)
 
@@ -234,10 +245,19 @@ class Workload:
                 return out
             after = page["next_after"]
 
+    async def lagging(self) -> list[str]:
+        """The subscribers that have not yet seen as far as what is stored now, in words."""
+        heads = {stream: (await self.stored(stream))[-1:] for stream in self.streams}
+        return [
+            f"{s.stream}@{s.base}: at {s.last} of {heads[s.stream][0][0]},"
+            f" {s.reconnects} reconnections, last errors {s.errors[-3:]}"
+            for s in self.subscribers
+            if heads[s.stream] and s.last < heads[s.stream][0][0]
+        ]
+
     async def caught_up(self) -> bool:
         """Whether every subscriber has seen as far as what is stored now."""
-        heads = {stream: (await self.stored(stream))[-1:] for stream in self.streams}
-        return all(not heads[s.stream] or s.last >= heads[s.stream][0][0] for s in self.subscribers)
+        return not await self.lagging()
 
     async def check(self) -> list[str]:
         """Everything that is wrong, in words (empty when all is well)."""
