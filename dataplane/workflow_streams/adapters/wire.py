@@ -77,14 +77,16 @@ def record_bytes(record: StoredRecord) -> bytes:
     return head + b',"data_base64":"' + base64.b64encode(payload) + b'"}'
 
 
-def page_body(records: bytes, next_after: int, bounds: Bounds, closed: bool) -> bytes:
-    """The read response body around its records: ``record_bytes`` of each, joined by commas
-    (``store.bodies`` assembles them in Postgres)."""
-    tail = (
+# The read response body around its records (``record_bytes`` of each, joined by commas; ``store.bodies``
+# assembles them in Postgres): PAGE_HEAD, the records, then ``page_tail``.
+PAGE_HEAD = b'{"records":['
+
+
+def page_tail(next_after: int, bounds: Bounds, closed: bool) -> bytes:
+    return (
         f'],"next_after":{next_after},"earliest":{bounds.earliest},"latest":{bounds.latest},'
         f'"closed":{"true" if closed else "false"}}}'
-    )
-    return b'{"records":[' + records + tail.encode()
+    ).encode()
 
 
 def append_bytes(first_sequence: int, last_sequence: int) -> bytes:

@@ -112,7 +112,7 @@ async def read(request: web.Request) -> web.Response:
         client_region=client_region_of(request),
     )
     metrics.READ_RECORDS.inc(len(body.values))
-    data = wire.page_body(body.joined(), body.next_after, body.bounds, body.closed)
+    data = body.joined(wire.PAGE_HEAD, wire.page_tail(body.next_after, body.bounds, body.closed))
     return compressible(web.Response(body=data, headers=JSON_HEADERS))
 
 

@@ -35,9 +35,10 @@ Form = Literal["records", "events", "messages", "bytes"]
 # A record as our API's JSON object (``wire.record_bytes``), as bytea: its payload spliced in as stored
 # when it is JSON, else base64 (without the line breaks Postgres' encoder adds), or its object reference.
 # Each part is written the cheapest way, since this expression is most of Postgres' time per record: the
-# default content type as a constant, the timestamp as JSON writes it (to_char costs more; figures:
-# bench/README.md, constants).
-_RECORD_JSON = f"""(convert_to(
+# default content type as a constant, the timestamp as JSON writes it (to_char costs more), the text made
+# bytes by textsend, which writes it in the connection's client encoding (UTF8: asyncpg sets it), with
+# none of convert_to's checks (figures: bench/README.md, constants).
+_RECORD_JSON = f"""(textsend(
     '{{"sequence":' || r.sequence
     || CASE WHEN r.object IS NULL THEN ',"kind":"inline"' ELSE ',"kind":"object"' END
     || CASE WHEN r.content_type IS NULL THEN ',"content_type":"{DEFAULT_CONTENT_TYPE}"'
@@ -46,8 +47,7 @@ _RECORD_JSON = f"""(convert_to(
     || ',"appended_at":' || to_json(r.appended_at)::text
     || CASE WHEN r.object IS NOT NULL THEN ',"object":' || r.object::text
             WHEN wfs_is_json(r.content_type) THEN ',"data":'
-            ELSE ',"data_base64":"' || translate(encode(r.payload, 'base64'), E'\\n', '') || '"' END,
-    'UTF8')
+            ELSE ',"data_base64":"' || translate(encode(r.payload, 'base64'), E'\\n', '') || '"' END)
     || CASE WHEN r.object IS NULL AND wfs_is_json(r.content_type) THEN r.payload ELSE ''::bytea END
     || '\\x7d'::bytea)"""
 
@@ -57,8 +57,7 @@ _RECORD_JSON = f"""(convert_to(
 _FORMS: dict[str, tuple[str, str]] = {
     "records": (_RECORD_JSON, ","),
     "events": (
-        f"(convert_to('id: ' || r.sequence || E'\\nevent: record\\ndata: ', 'UTF8') || {_RECORD_JSON}"
-        " || '\\x0a0a'::bytea)",
+        f"(textsend('id: ' || r.sequence || E'\\nevent: record\\ndata: ') || {_RECORD_JSON} || '\\x0a0a'::bytea)",
         "",
     ),
     "messages": (
@@ -145,8 +144,15 @@ class Body:
         if start < len(self.values):
             yield self.after + len(self.values), separator.join(self.values[start:])
 
-    def joined(self) -> bytes:
-        return _FORMS_SEPARATOR[self.form].join(self.values)
+    def joined(self, head: bytes = b"", tail: bytes = b"") -> bytes:
+        """The values joined by the form's separator, between ``head`` and ``tail``: one join, so a page of
+        many megabytes is copied once (``head + joined + tail`` would copy it twice more)."""
+        if not self.values:
+            return head + tail
+        values = self.values.copy()
+        values[0] = head + values[0]
+        values[-1] = values[-1] + tail
+        return _FORMS_SEPARATOR[self.form].join(values)
 
     def held_back(self, known: int) -> tuple[Body, int]:
         """This body as far as ``known`` is durable (the head at most ``known``, never below the body's own

@@ -60,7 +60,7 @@ def body_response(
 ) -> web.Response:
     """A catch-up (or long-poll) response: the data, where to read next, whether that is the tail (and
     the stream ended there), an ETag for revalidation, and the CDN cursor of live reads."""
-    data = b"[" + body.joined() + b"]" if rules.is_json_mode(meta.content_type) else body.joined()
+    data = body.joined(b"[", b"]") if rules.is_json_mode(meta.content_type) else body.joined()
     return _response(request, meta, after, body.next_after, body.bounds.latest, body.closed, data, cursor)
 
 
