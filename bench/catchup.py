@@ -4,8 +4,8 @@ One stream of N records of 100 bytes (a JSON string), appended through the API. 
 on one Postgres: the ceiling, raw asyncpg fetching the same pages of the same table (pages of 1,000,
 as a reader does); one server worker read from the start by the compiled generator (wfs-loadgen
 catchup) on our API (``api``), the Durable Streams surface (``ds``) and both surfaces' SSE backfill
-(``sse``, ``ds-sse``), each with the server's and the generator's CPU beside it; the protocol's own TS
-client reading the first 100,000 records from us and from its reference server (in memory, loaded with
+(``sse``, ``ds-sse``), each with the server's, Postgres' and the generator's CPU beside it; the
+protocol's own TS client reading the first 100,000 records from us and from its reference server (in memory, loaded with
 the same records) when Node is there; and the table's size per record, indexes included.
 
 ``--profile api`` records the server with py-spy during that case (top functions printed). ``bench.run``
@@ -29,8 +29,9 @@ import aiohttp
 import asyncpg
 
 from bench import generator
-from bench.harness import AUTH, PREFIX, TOKEN, Server, pins, start_postgres
+from bench.harness import AUTH, PREFIX, TOKEN, Server, pins, postmaster_pid, process_tree_cpu, start_postgres
 from bench.profile import _pyspy, top_functions
+from workflow_streams.local.postgres import LocalPostgres
 from workflow_streams.store.reads import RECORD_COLUMNS
 
 DS_PREFIX = "/api/durable-streams"
@@ -82,8 +83,8 @@ async def raw_ceiling(dsn: str, records: int) -> dict[str, float]:
         await conn.close()
 
 
-async def surface(server: Server, mode: str, records: int, profile: Path | None) -> dict[str, Any]:
-    """One case from the generator, with the server's CPU over it."""
+async def surface(server: Server, postgres: int, mode: str, records: int, profile: Path | None) -> dict[str, Any]:
+    """One case from the generator, with the server's and Postgres' (the tree under ``postgres``) CPU over it."""
     base = server.url + (DS_PREFIX if mode.startswith("ds") else PREFIX)
     spy = None
     if profile is not None:
@@ -94,12 +95,13 @@ async def surface(server: Server, mode: str, records: int, profile: Path | None)
             stderr=subprocess.DEVNULL,
         )
         await asyncio.sleep(1)  # attached
-    cpu = server.cpu_seconds()
+    cpu, postgres_cpu = server.cpu_seconds(), process_tree_cpu(postgres)
     flags: dict[str, Any] = {"surface": mode, "run": RUN, "stream": STREAM, "until": records}
     if mode == "api":  # a reader catching up asks for large pages (the Python client does)
         flags |= {"limit": 100_000, "max_bytes": 16 * 1024 * 1024}
     report = await generator.run("catchup", base, TOKEN, **flags)
     report["server_cpu_share"] = round((server.cpu_seconds() - cpu) / report["seconds"], 3)
+    report["postgres_cpu_share"] = round((process_tree_cpu(postgres) - postgres_cpu) / report["seconds"], 3)
     if spy is not None:
         spy.send_signal(signal.SIGINT)
         spy.wait(30)
@@ -143,26 +145,28 @@ MODES = ("api", "ds", "sse", "ds-sse")
 
 async def measure(
     server: Server,
-    dsn: str,
+    pg: LocalPostgres,
     records: int,
     modes: tuple[str, ...] = MODES,
     profile: str | None = None,
     out: Path | None = None,
     ts: bool = True,
 ) -> dict[str, Any]:
-    """Every case against ``server`` (its Postgres at ``dsn``), one line printed each; ``profile`` names
-    a case to record with py-spy (into ``out``)."""
+    """Every case against ``server`` (its Postgres ``pg``), one line printed each; ``profile`` names a
+    case to record with py-spy (into ``out``)."""
+    dsn = pg.dsn
     await load(server.url, records)
     results: dict[str, Any] = {"records": records, "storage": await storage(dsn)}
     raw = results["raw_asyncpg"] = await raw_ceiling(dsn, records)
     print(f"  raw asyncpg, pages of {RAW_PAGE:,}: {raw['records_per_s']:,} records/s", flush=True)
     for mode in modes:
         spied = out / f"{mode}.collapsed" if out is not None and profile == mode else None
-        report = results[mode] = await surface(server, mode, records, spied)
+        report = results[mode] = await surface(server, postmaster_pid(pg), mode, records, spied)
         report["vs_raw"] = round(report["records_per_s"] / raw["records_per_s"], 3)
         print(
             f"  catch-up {mode}: {report['records_per_s']:,.0f} records/s = {report['vs_raw']} x raw asyncpg; "
-            f"CPU cores: generator {report['cpu_share']}, server {report['server_cpu_share']}",
+            f"CPU cores: generator {report['cpu_share']}, server {report['server_cpu_share']},"
+            f" postgres {report['postgres_cpu_share']}",
             flush=True,
         )
         if spied is not None and spied.exists():
@@ -184,7 +188,7 @@ async def main(args: argparse.Namespace) -> None:
     server = Server(pg.dsn, out / "server.log", workers=1)
     try:
         await server.ready()
-        results = await measure(server, pg.dsn, args.records, tuple(args.modes), args.profile, out, not args.no_ts)
+        results = await measure(server, pg, args.records, tuple(args.modes), args.profile, out, not args.no_ts)
     finally:
         server.stop()
         pg.destroy()

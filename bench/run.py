@@ -61,7 +61,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         results["sse"] = await scenarios.deliveries(server, pg, timing)
         await scenarios.settle()
         print("catch-up reads", flush=True)
-        results["catch_up"] = await catchup.measure(server, pg.dsn, timing.catch_up_records)
+        results["catch_up"] = await catchup.measure(server, pg, timing.catch_up_records)
     finally:
         if server is not None:
             server.stop()

@@ -71,7 +71,7 @@ async def test_every_form_is_what_the_rows_make(api: StreamsApi, db: asyncpg.Con
 
     async def body(form: Any) -> bytes:
         fetched = await fetch_body(db, "r", "mixed", 0, form, max_records=BIG, max_bytes=BIG)
-        assert (fetched.last_sequence, len(fetched.values)) == (last, last)
+        assert (fetched.last_sequence, fetched.count) == (last, last)
         return fetched.joined()
 
     records = await body("records")
@@ -99,17 +99,17 @@ async def test_pages_keep_their_budgets(api: StreamsApi, db: asyncpg.Connection)
     async def read(after: int, **budget: int) -> Any:
         return await fetch_body(db, "r", "budget", after, "records", **{"max_records": BIG, **budget})
 
-    assert len((await read(0, max_bytes=10_000)).values) == 100
+    assert (await read(0, max_bytes=10_000)).count == 100
     assert (await read(500, max_bytes=10_000)).last_sequence == 600
     assert (await read(0, max_bytes=10_050)).last_sequence == 100, "the budget is exact, not rounded up"
-    assert len((await read(0, max_bytes=BIG, max_records=7)).values) == 7
-    assert len((await read(0, max_bytes=1)).values) == 1, "a page holds at least one record"
-    assert len((await read(995, max_bytes=BIG)).values) == 5
-    assert (await read(1000, max_bytes=BIG)).values == []
+    assert (await read(0, max_bytes=BIG, max_records=7)).count == 7
+    assert (await read(0, max_bytes=1)).count == 1, "a page holds at least one record"
+    assert (await read(995, max_bytes=BIG)).count == 5
+    assert (await read(1000, max_bytes=BIG)).parts == []
     whole = await fetch_body(db, "r", "budget", 0, "bytes", max_records=BIG, max_bytes=BIG)
     runs = list(whole.chunks(1000))  # 100-byte values, so ten each
     assert [last for last, _ in runs] == list(range(10, 1001, 10))
-    assert b"".join(joined for _, joined in runs) == whole.joined() == b"".join(whole.values)
+    assert b"".join(joined for _, joined in runs) == whole.joined() == (b'"' + b"x" * 98 + b'"') * 1000
 
 
 async def test_a_body_after_pruned_records_counts_from_the_cursor(api: StreamsApi, db: asyncpg.Connection) -> None:
@@ -121,7 +121,7 @@ async def test_a_body_after_pruned_records_counts_from_the_cursor(api: StreamsAp
     await prune_stream(db, "r", "pruned")
     earliest = await db.fetchval("SELECT earliest_sequence FROM wfs_streams WHERE stream_id = 'pruned'")
     body = await fetch_body(db, "r", "pruned", earliest - 1, "bytes", max_records=BIG, max_bytes=1000)
-    assert len(body.values) == 10 and body.after == earliest - 1
+    assert body.count == 10 and body.after == earliest - 1
 
 
 _TYPES = st.one_of(

@@ -111,7 +111,7 @@ async def read(request: web.Request) -> web.Response:
         caller=principal,
         client_region=client_region_of(request),
     )
-    metrics.READ_RECORDS.inc(len(body.values))
+    metrics.READ_RECORDS.inc(body.count)
     data = body.joined(wire.PAGE_HEAD, wire.page_tail(body.next_after, body.bounds, body.closed))
     return compressible(web.Response(body=data, headers=JSON_HEADERS))
 

@@ -49,7 +49,7 @@ class RecordEvents:
         return shared.memo((RecordEvents, last), _events_after, last)
 
     def body(self, body: Body, last: int) -> Delivery:
-        return Delivery(body.joined(), len(body.values), body.next_after)
+        return Delivery(body.joined(), body.count, body.next_after)
 
     def closed(self, last: int) -> bytes:
         return wire.close_event(last)

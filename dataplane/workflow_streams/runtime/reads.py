@@ -273,43 +273,42 @@ async def read_body(
                 client_region=client_region,
             )
         try:
-            values = await _values(pool, page, form, until)
+            parts = await _parts(pool, page, form, until)
         except bodies.PageChanged:
             if attempt:
                 raise
             continue  # the next plan answers with the stream as it is now (410 for a pruned cursor)
-        return await _served(durability, run_id, stream_id, page.body(form, values), until)
+        return await _served(durability, run_id, stream_id, page.body(form, parts), until)
     raise AssertionError("not reached")
 
 
-# records of one part of a catch-up page, and the connections that read a page's parts: two, so that
-# Postgres writes one part while this process takes in the other (``read_body``; figures:
-# bench/README.md, constants)
-PART_RECORDS = 8192
+# records of one part of a catch-up page (Postgres joins a part into one value, and larger values cost
+# it more a record), and the connections that read a page's parts: two, so that Postgres writes one part
+# while this process takes in the other (``read_body``; figures: bench/README.md, constants)
+PART_RECORDS = 2048
 PART_CONNECTIONS = 2
 
 
-async def _values(pool: Pool, page: bodies.Plan, form: Form, until: float) -> list[bytes]:
-    count = page.end - page.after
-    if count <= 0:
-        return []
-    parts = [
+async def _parts(pool: Pool, page: bodies.Plan, form: Form, until: float) -> list[bodies.Part]:
+    ranges = [
         (first, min(first + PART_RECORDS - 1, page.end)) for first in range(page.after + 1, page.end + 1, PART_RECORDS)
     ]
-    if len(parts) == 1:
+    if len(ranges) <= 1:
+        if not ranges:
+            return []
         async with pool.acquire(until=until) as conn:
-            return await bodies.fetch_values(conn, page, form, *parts[0])
-    results: list[list[bytes]] = [[] for _ in parts]
+            return [await bodies.fetch_part(conn, page, form, *ranges[0])]
+    parts: list[bodies.Part | None] = [None] * len(ranges)
 
     async def take_turns(lane: int) -> None:
         async with pool.acquire(until=until) as conn:
-            for i in range(lane, len(parts), PART_CONNECTIONS):
-                results[i] = await bodies.fetch_values(conn, page, form, *parts[i])
+            for i in range(lane, len(ranges), PART_CONNECTIONS):
+                parts[i] = await bodies.fetch_part(conn, page, form, *ranges[i])
 
     async with asyncio.TaskGroup() as group:
-        for lane in range(min(PART_CONNECTIONS, len(parts))):
+        for lane in range(min(PART_CONNECTIONS, len(ranges))):
             group.create_task(take_turns(lane))
-    return [value for part in results for value in part]
+    return [part for part in parts if part is not None]
 
 
 async def _served(durability: Durability, run_id: str, stream_id: str, read: R, until: float) -> R:

@@ -97,24 +97,39 @@ SELECT s.stream_key, {streams.COLUMNS}, s.timeline, (SELECT min(hi) FROM search)
 """
 
 
-def _records(form: Form) -> str:
-    """The records (cursor $2, end $3] of stream key $1 in ``form``, one row each, in sequence order."""
+def _part(form: Form) -> str:
+    """The records (cursor $2, end $3] of stream key $1 in ``form`` as one value, joined by the form's
+    separator in sequence order, and each record's length in that order. The records come from a fenced
+    (OFFSET 0), ordered subquery: its rows reach the aggregates in its order, and each record is written
+    once for both. One value a part, not a row a record: asyncpg's rows were most of the server's time a
+    record (figures: bench/README.md, constants)."""
+    expression, separator = _FORMS[form]
     return (
-        f"SELECT {_FORMS[form][0]} FROM wfs_records r"
-        " WHERE r.stream_key = $1 AND r.sequence > $2 AND r.sequence <= $3 ORDER BY r.sequence"
+        f"SELECT string_agg(q.value, '\\x{separator.encode().hex()}'::bytea), array_agg(octet_length(q.value))"
+        f" FROM (SELECT {expression} AS value FROM wfs_records r"
+        " WHERE r.stream_key = $1 AND r.sequence > $2 AND r.sequence <= $3 ORDER BY r.sequence OFFSET 0) q"
     )
 
 
-_RECORDS: dict[str, str] = {form: _records(form) for form in _FORMS}  # type: ignore[arg-type]
+_PARTS: dict[str, str] = {form: _part(form) for form in _FORMS}  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class Part:
+    """Consecutive records in one form: their values joined by the form's separator, and each value's
+    length, in sequence order."""
+
+    data: bytes
+    lengths: list[int]
 
 
 @dataclass(frozen=True)
 class Body:
-    """The records after ``after`` in one form, one ``bytes`` value each (sequences ``after + 1`` on, with
-    no gaps), and the stream as the same snapshot saw it."""
+    """The records after ``after`` in one form (sequences ``after + 1`` on, with no gaps), in parts as
+    Postgres joined them, and the stream as the same snapshot saw it."""
 
     after: int
-    values: list[bytes]
+    parts: list[Part]
     bounds: Bounds
     closed: bool
     pins: StreamPins
@@ -124,44 +139,67 @@ class Body:
     form: Form
 
     @property
+    def count(self) -> int:
+        return sum(len(part.lengths) for part in self.parts)
+
+    @property
     def last_sequence(self) -> int | None:
-        return self.after + len(self.values) if self.values else None
+        count = self.count
+        return self.after + count if count else None
 
     @property
     def next_after(self) -> int:
-        return self.after + len(self.values)
+        return self.after + self.count
 
     def chunks(self, budget: int) -> Iterator[tuple[int, bytes]]:
-        """The values in runs of about ``budget`` bytes (at least one value each): the last sequence of
-        each run and its values joined by the form's separator."""
-        separator = _FORMS_SEPARATOR[self.form]
-        start, size = 0, 0
-        for i, value in enumerate(self.values):
-            size += len(value)
-            if size >= budget:
-                yield self.after + i + 1, separator.join(self.values[start : i + 1])
-                start, size = i + 1, 0
-        if start < len(self.values):
-            yield self.after + len(self.values), separator.join(self.values[start:])
+        """The records in runs of about ``budget`` bytes of values (at least one record each; a run ends
+        with its part at the latest): the last sequence of each run and its values joined by the form's
+        separator."""
+        step = len(_FORMS_SEPARATOR[self.form])
+        last = self.after
+        for part in self.parts:
+            start = offset = size = pending = 0
+            for length in part.lengths:
+                offset, size, pending, last = offset + length, size + length, pending + 1, last + 1
+                if size >= budget:
+                    yield last, part.data[start:offset]
+                    start = offset + step
+                    size = pending = 0
+                offset += step
+            if pending:
+                yield last, part.data[start:]
 
     def joined(self, head: bytes = b"", tail: bytes = b"") -> bytes:
-        """The values joined by the form's separator, between ``head`` and ``tail``: one join, so a page of
-        many megabytes is copied once (``head + joined + tail`` would copy it twice more)."""
-        if not self.values:
-            return head + tail
-        values = self.values.copy()
-        values[0] = head + values[0]
-        values[-1] = values[-1] + tail
-        return _FORMS_SEPARATOR[self.form].join(values)
+        """The values joined by the form's separator, between ``head`` and ``tail``, in one join: a page
+        of many megabytes is copied once."""
+        separator = _FORMS_SEPARATOR[self.form]
+        pieces = [head]
+        for part in self.parts:
+            if len(pieces) > 1:
+                pieces.append(separator)
+            pieces.append(part.data)
+        pieces.append(tail)
+        return b"".join(pieces)
 
     def held_back(self, known: int) -> tuple[Body, int]:
         """This body as far as ``known`` is durable (the head at most ``known``, never below the body's own
         start, and not closed: the close may lie beyond), and how many records were held back."""
-        served = self.values[: max(0, known - self.after)]
-        start = self.after + len(served)
+        keep = max(0, known - self.after)
+        step = len(_FORMS_SEPARATOR[self.form])
+        parts: list[Part] = []
+        for part in self.parts:
+            if keep <= 0:
+                break
+            if len(part.lengths) <= keep:
+                parts.append(part)
+            else:
+                lengths = part.lengths[:keep]
+                parts.append(Part(part.data[: sum(lengths) + step * (keep - 1)], lengths))
+            keep -= len(part.lengths)
+        served = dataclasses.replace(self, parts=parts, closed=False)
+        start = served.next_after
         bounds = Bounds(earliest=self.bounds.earliest, latest=max(min(self.bounds.latest, known), start))
-        held = len(self.values) - len(served)
-        return dataclasses.replace(self, values=served, bounds=bounds, closed=False), held
+        return dataclasses.replace(served, bounds=bounds), self.count - served.count
 
 
 _FORMS_SEPARATOR: dict[str, bytes] = {form: separator.encode() for form, (_, separator) in _FORMS.items()}
@@ -181,8 +219,8 @@ class Plan:
     pins_digest: str
     timeline: str
 
-    def body(self, form: Form, values: list[bytes]) -> Body:
-        return Body(self.after, values, self.bounds, self.closed, self.pins, self.pins_digest, self.timeline, form)
+    def body(self, form: Form, parts: list[Part]) -> Body:
+        return Body(self.after, parts, self.bounds, self.closed, self.pins, self.pins_digest, self.timeline, form)
 
 
 class PageChanged(Exception):
@@ -215,14 +253,14 @@ async def plan(
     )
 
 
-async def fetch_values(conn: asyncpg.Connection, page: Plan, form: Form, first: int, last: int) -> list[bytes]:
-    """Records ``first``..``last`` of a planned page in ``form``, one value each. Records are never
-    changed once written, only removed from a stream's start (or with the stream), so whatever statement
-    reads them reads the same bytes; a record that is gone is ``PageChanged``."""
-    rows = await conn.fetch(_RECORDS[form], page.stream_key, first - 1, last)
-    if len(rows) != last - first + 1:
+async def fetch_part(conn: asyncpg.Connection, page: Plan, form: Form, first: int, last: int) -> Part:
+    """Records ``first``..``last`` of a planned page in ``form``, as one part. Records are never changed
+    once written, only removed from a stream's start (or with the stream), so whatever statement reads
+    them reads the same bytes; a record that is gone is ``PageChanged``."""
+    data, lengths = await conn.fetchrow(_PARTS[form], page.stream_key, first - 1, last)
+    if lengths is None or len(lengths) != last - first + 1:
         raise PageChanged(f"records {first}..{last} are no longer all there")
-    return [row[0] for row in rows]
+    return Part(data, lengths)
 
 
 async def fetch_body(
@@ -251,5 +289,5 @@ async def fetch_body(
             right=right,
             client_region=client_region,
         )
-        values = await fetch_values(conn, page, form, after + 1, page.end) if page.end > after else []
-    return page.body(form, values)
+        parts = [await fetch_part(conn, page, form, after + 1, page.end)] if page.end > after else []
+    return page.body(form, parts)

@@ -59,7 +59,7 @@ async def long_poll(
     cursor = rules.stream_cursor(_now(), request.query.get("cursor"))
     if after < meta.last_sequence:
         body = await read_records(app, meta, after, principal, "subscribe", client_region_of(request))
-        metrics.READ_RECORDS.inc(len(body.values))
+        metrics.READ_RECORDS.inc(body.count)
         return body_response(request, meta, after, body, cursor)
     live = app.live
     until = asyncio.get_running_loop().time() + app.settings.durable_long_poll_seconds
@@ -105,7 +105,7 @@ class ProtocolEvents:
         for last, joined in body.chunks(EVENT_BYTES):
             out.append(self._data(joined))
             out.append(self._control(last, body.bounds.latest, body.closed))
-        return Delivery(b"".join(out), len(body.values), body.next_after)
+        return Delivery(b"".join(out), body.count, body.next_after)
 
     def closed(self, last: int) -> bytes:
         if self._closed_sent:

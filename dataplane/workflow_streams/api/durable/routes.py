@@ -189,7 +189,7 @@ async def get(request: web.Request) -> web.StreamResponse:
     if offset.is_now:
         return _now(meta)
     body = await read_records(call.app, meta, after, call.principal, right, region)
-    metrics.READ_RECORDS.inc(len(body.values))
+    metrics.READ_RECORDS.inc(body.count)
     return body_response(request, meta, after, body)
 
 
