@@ -1,5 +1,5 @@
-"""A catch-up body held as parts (``store.bodies``): runs, the whole and the durable prefix cut where the
-records are, whatever parts they came in."""
+"""A catch-up body held as parts (``store.bodies``): its runs and the whole cut where the records are,
+whatever parts they came in; a planned page cut to its durable prefix."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from tests.support import pins
 from workflow_streams.domain.cursor import Bounds
 from workflow_streams.domain.pins import parse_pins
-from workflow_streams.store.bodies import Body, Form, Part
+from workflow_streams.store.bodies import Body, Form, Part, Plan
 
 pytestmark = pytest.mark.unit
 
@@ -43,12 +43,19 @@ def test_runs_hold_at_least_one_record_and_end_with_their_part() -> None:
 
 
 @pytest.mark.parametrize("known", range(8, 20))
-@pytest.mark.parametrize("form", ["records", "bytes"])
-def test_the_durable_prefix_is_cut_at_a_record(form: Form, known: int) -> None:
-    separator = b"," if form == "records" else b""
-    values = [v for part in VALUES for v in part]
-    served, held = body(form, *VALUES).held_back(known)
-    keep = min(max(0, known - 10), len(values))
-    assert served.joined() == separator.join(values[:keep])
-    assert (served.count, held, served.closed) == (keep, len(values) - keep, False)
-    assert served.bounds.latest == max(min(17, known), 10 + keep)
+def test_a_plan_is_cut_to_its_durable_prefix(known: int) -> None:
+    page = Plan(1, 10, 17, Bounds(earliest=1, latest=20), True, parse_pins(pins()), "digest", "1")
+    served, held = page.held_back(known)
+    end = min(max(10, known), 17)
+    assert (served.after, served.end, served.count, held, served.closed) == (10, end, end - 10, 17 - end, False)
+    assert served.bounds.latest == max(min(20, known), end)
+    assert served.last_sequence == (end if end > 10 else None)
+
+
+def test_a_body_of_some_of_a_closed_pages_parts_is_not_closed() -> None:
+    page = Plan(1, 10, 13, Bounds(earliest=1, latest=13), True, parse_pins(pins()), "digest", "1")
+    first, rest = Part(b"a,b", [1, 1]), Part(b"c", [1])
+    assert not page.body("records", [first]).closed
+    assert page.body("records", [rest], after=12).closed
+    assert page.body("records", [first, rest]).closed
+    assert page.body("records", [rest], after=12).next_after == 13

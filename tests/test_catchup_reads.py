@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from tests.support import ALICE, SseReader, StreamsApi
 from workflow_streams.adapters import wire
 from workflow_streams.domain.media import is_json
+from workflow_streams.runtime.reads import PART_RECORDS
 from workflow_streams.store.bodies import fetch_body
 from workflow_streams.store.reads import fetch_page
 
@@ -176,3 +177,48 @@ async def test_readers_far_behind_get_every_record_once_in_order(client: Any, ap
     while (event := await theirs.next()) is not None and event.event != "data":
         pass
     assert event is not None and json.loads(event.data) == [3001]
+
+
+async def test_a_page_of_many_parts_is_every_record_in_order(api: StreamsApi) -> None:
+    """A page longer than one part (Postgres joins each part) is its records in order, one after the
+    other across the parts, gzip when asked, as pages of one part each give."""
+    await api.create("r", "long")
+    records = 3 * PART_RECORDS + 5
+    for start in range(0, records, 1000):
+        resp = await api.append("r", "long", *[{"n": n} for n in range(start, min(start + 1000, records))])
+        assert resp.status == 201, await resp.text()
+    url = api.url("r", "long", f"/records?after=0&limit={records}&max_bytes={16 * 1024 * 1024}")
+    for encoding in ("identity", "gzip"):
+        resp = await api.client.get(url, headers={**api.headers, "Accept-Encoding": encoding})
+        assert resp.status == 200, await resp.text()
+        assert resp.headers.get("Content-Encoding", "identity") == encoding
+        page = await resp.json()
+        assert [r["data"]["n"] for r in page["records"]] == list(range(records))
+        assert [r["sequence"] for r in page["records"]] == list(range(1, records + 1))
+        assert (page["next_after"], page["latest"]) == (records, records)
+    assert [r["data"] for r in await api.read_all("r", "long")] == [r["data"] for r in page["records"]]
+
+
+async def test_a_closed_stream_far_behind_closes_only_after_its_last_record(client: Any, api: StreamsApi) -> None:
+    """A closed stream's catch-up is written part by part; the close comes once, after the last record,
+    on both surfaces."""
+    await api.create("run-1", "ended")
+    records = 2 * PART_RECORDS + 7
+    for start in range(0, records, 1000):
+        assert (await api.append("run-1", "ended", *range(start + 1, min(start + 1000, records) + 1))).status == 201
+    assert (await api.close("run-1", "ended")).status == 200
+    ours = SseReader(await client.get(api.url("run-1", "ended", "/subscribe"), headers=api.headers))
+    seen: list[int] = []
+    while (event := await ours.next(30)) is not None and event.event == "record":
+        seen.append(json.loads(event.data)["data"])
+    assert seen == list(range(1, records + 1)) and event is not None and event.event == "close", event
+    theirs = SseReader(await client.get(f"{DS}/run-1/ended?offset=-1&live=sse", headers=ALICE))
+    messages: list[int] = []
+    controls: list[dict[str, Any]] = []
+    while (event := await theirs.next(30)) is not None:
+        if event.event == "data":
+            messages += json.loads(event.data)
+        elif event.event == "control":
+            controls.append(json.loads(event.data))
+    assert messages == list(range(1, records + 1))
+    assert [bool(c.get("streamClosed")) for c in controls] == [False] * (len(controls) - 1) + [True]

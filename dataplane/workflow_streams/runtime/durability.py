@@ -47,13 +47,13 @@ from ..adapters import metrics
 from ..domain.errors import StreamError
 from ..domain.wakes import RECORDS, Signal
 from ..store import wal
-from ..store.bodies import Body
+from ..store.bodies import Plan
 from ..store.db import DB_UNAVAILABLE, Pool
 from ..store.reads import Page
 from .retries import BACKOFF
 
 # what a read returns: records as rows (a live page) or in their wire form (a catch-up body)
-Read = TypeVar("Read", Page, Body)
+Read = TypeVar("Read", Page, Plan)
 
 log = logging.getLogger(__name__)
 
@@ -209,7 +209,7 @@ class Durability:
             for key, page in pages
         ]
 
-    def _needs(self, key: StreamKey, page: Page | Body) -> bool:
+    def _needs(self, key: StreamKey, page: Page | Plan) -> bool:
         self._see(page.timeline)
         if page.timeline < self._timeline:
             return page.last_sequence is not None  # read on a replaced primary: nothing of it is known

@@ -31,11 +31,11 @@ from ..adapters import metrics
 from ..domain.authz import Action, Caller
 from ..domain.errors import StreamError, StreamNotFound, TooManySubscriptions
 from ..store import db, gaps, streams
-from ..store.bodies import Body, Form
+from ..store.bodies import Body, Form, PageChanged, Plan
 from ..store.db import DB_UNAVAILABLE
 from .durability import Durability
 from .fanout import Fanout
-from .reads import SharedPage, SharedReads, read_body, read_page
+from .reads import SharedPage, SharedReads, plan_read, read_page, read_parts
 from .retries import BACKOFF
 from .supervisor import Supervisor
 from .wakes import Wake, WakeHub
@@ -43,6 +43,9 @@ from .wakes import Wake, WakeHub
 log = logging.getLogger(__name__)
 
 R = TypeVar("R")
+
+# what ends a catch-up page early, once some of it may be written: its records pruned, the database lost
+_ENDS_A_PAGE: tuple[type[BaseException], ...] = (PageChanged, *DB_UNAVAILABLE)
 
 # Records per read of a follower's fan-out: a live page is what one wake brought, rarely more. A reader
 # further behind than this reads catch-up bodies (store.bodies) of up to CATCH_UP_BYTES instead.
@@ -73,7 +76,7 @@ class Encoder(Protocol):
     form: Form
 
     def body(self, body: Body, last: int) -> Delivery:
-        """A catch-up body's records (all of them: the body is sized for one write)."""
+        """A catch-up body's records, all in one write (one part of a page, as it is read)."""
 
     def start(self, shared: SharedPage, last: int) -> Delivery:
         """The first bytes of the response: the backfill after ``last``, and what the protocol says first."""
@@ -320,24 +323,25 @@ class Live:
                     woken_at = self._hub.generation(run_id, stream_id)
                     if latest - last > FOLLOW_PAGE:
                         # far behind: the records in their wire form, assembled by Postgres for this
-                        # reader alone, in large pages (no shared page would serve anyone else)
-                        body = await self._retrying(
+                        # reader alone (no shared page would serve anyone else), in large pages written
+                        # part by part as they are read
+                        page = await self._retrying(
                             sink,
                             functools.partial(
-                                read_body,
+                                plan_read,
                                 self._pool,
                                 self._durability,
                                 run_id,
                                 stream_id,
                                 last,
-                                encoder.form,
                                 max_records=CATCH_UP_RECORDS,
                                 max_bytes=CATCH_UP_BYTES,
                             ),
                         )
-                        _same_stream(body.pins_digest, pins_digest)
-                        delivery = encoder.body(body, last)
-                        latest, closed = body.bounds.latest, body.closed
+                        _same_stream(page.pins_digest, pins_digest)
+                        latest, closed = page.bounds.latest, page.closed
+                        last = await self._write_parts(sink, encoder, page, last)
+                        continue
                     else:
                         shared = await self._retrying(
                             sink, functools.partial(self._reads.page, run_id, stream_id, last, limit, woken_at)
@@ -388,6 +392,24 @@ class Live:
         finally:
             wake.dormant = False
             self.fanout.leave(run_id, stream_id, follower)
+
+    async def _write_parts(self, sink: Sink, encoder: Encoder, page: Plan, last: int) -> int:
+        """Write a planned catch-up page part by part as its parts are read; the last position given.
+        Records pruned or the database lost part-way end the page early: what was written stands, and
+        the next round reads on from there (planning again says why, or waits the outage out)."""
+        async with contextlib.aclosing(read_parts(self._pool, page, encoder.form)) as parts:
+            while True:
+                try:
+                    part = await anext(parts, None)
+                except _ENDS_A_PAGE as exc:
+                    log.info("catch-up page after %d ended early (%r); reading on", last, exc)
+                    return last
+                if part is None:
+                    return last
+                delivery = encoder.body(page.body(encoder.form, [part], after=last), last)
+                await _send(sink, delivery.chunk)
+                metrics.SUBSCRIPTION_EVENTS.inc(delivery.records)
+                last = delivery.last
 
     async def _retrying(self, sink: Sink, read: Callable[[], Awaitable[R]]) -> R:
         """A read of a page or body, with Postgres restarts waited out and a comment line before each

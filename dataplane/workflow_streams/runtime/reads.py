@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import asyncio
 import bisect
-from collections.abc import Callable, Hashable
+import contextlib
+from collections.abc import AsyncGenerator, Callable, Hashable
 from typing import TypeVar
 
 from ..domain.authz import Action, Caller
 from ..domain.errors import StreamError
 from ..store import bodies, reads
-from ..store.bodies import Body, Form
+from ..store.bodies import Body, Form, Part, Plan
 from ..store.db import Pool
 from ..store.reads import Page, PageKey, fetch_pages
 from .batches import Batches
@@ -28,7 +29,7 @@ from .durability import Durability
 from .wakes import WakeHub
 
 T = TypeVar("T")
-R = TypeVar("R", Page, Body)
+R = TypeVar("R", Page, Plan)
 
 
 class SharedPage:
@@ -239,6 +240,80 @@ async def read_page(
     return await _served(durability, run_id, stream_id, page, until)
 
 
+async def plan_read(
+    pool: Pool,
+    durability: Durability,
+    run_id: str,
+    stream_id: str,
+    after: int,
+    *,
+    max_records: int,
+    max_bytes: int,
+    caller: Caller | None = None,
+    right: Action = "read",
+    client_region: str | None = None,
+) -> Plan:
+    """A catch-up page planned (``store.bodies.plan``: rights, the cursor, where the page ends), ending
+    where what it holds may be served: the records it names exist when it is planned, so a durability
+    barrier after the plan covers them, however late they are read."""
+    until = pool.deadline()
+    async with pool.acquire(until=until) as conn:
+        page = await bodies.plan(
+            conn,
+            run_id,
+            stream_id,
+            after,
+            max_records=max_records,
+            max_bytes=max_bytes,
+            caller=caller,
+            right=right,
+            client_region=client_region,
+        )
+    return await _served(durability, run_id, stream_id, page, until)
+
+
+# records of one part of a catch-up page (Postgres joins a part into one value, and larger values cost
+# it more a record), and the connections that read a page's parts: two, so that Postgres writes one part
+# while this process takes in the other (figures: bench/README.md, constants)
+PART_RECORDS = 2048
+PART_CONNECTIONS = 2
+
+
+async def read_parts(pool: Pool, page: Plan, form: Form) -> AsyncGenerator[Part, None]:
+    """The planned page's records in ``form``, part by part (``PART_RECORDS`` each) in sequence order, read
+    on ``PART_CONNECTIONS`` connections taking turns while the parts before are handed on. Records, once
+    written, never change, so the parts need no common snapshot; a part whose records are gone (pruned
+    since the plan) raises ``PageChanged``. Close it (``contextlib.aclosing``) to stop the reading early."""
+    until = pool.deadline()
+    firsts = range(page.after + 1, page.end + 1, PART_RECORDS)
+    ranges = [(first, min(first + PART_RECORDS - 1, page.end)) for first in firsts]
+    loop = asyncio.get_running_loop()
+    parts: list[asyncio.Future[Part]] = [loop.create_future() for _ in ranges]
+
+    async def take_turns(lane: int) -> None:
+        mine = range(lane, len(ranges), PART_CONNECTIONS)
+        try:
+            async with pool.acquire(until=until) as conn:
+                for i in mine:
+                    parts[i].set_result(await bodies.fetch_part(conn, page, form, *ranges[i]))
+        except Exception as exc:
+            for i in mine:  # whoever waits for one of this lane's parts learns why it will not come
+                if not parts[i].done():
+                    parts[i].set_exception(exc)
+
+    lanes = [asyncio.create_task(take_turns(lane)) for lane in range(min(PART_CONNECTIONS, len(ranges)))]
+    try:
+        for part in parts:
+            yield await part
+    finally:
+        for lane in lanes:
+            lane.cancel()
+        await asyncio.gather(*lanes, return_exceptions=True)
+        for part in parts:  # an error nobody waited for is not an unretrieved one
+            if part.done() and not part.cancelled():
+                part.exception()
+
+
 async def read_body(
     pool: Pool,
     durability: Durability,
@@ -253,62 +328,29 @@ async def read_body(
     right: Action = "read",
     client_region: str | None = None,
 ) -> Body:
-    """A catch-up read assembled by Postgres (``store.bodies``), as it may be served. The page is planned
-    first; its records are then read in parts (``PART_RECORDS``), on ``PART_CONNECTIONS`` connections
-    taking turns, so that Postgres writes one part's records while this process takes in the part before.
-    Records, once written, never change, so the parts need no common snapshot: a part that finds records
-    gone (pruned meanwhile) plans again."""
-    until = pool.deadline()
+    """A catch-up page assembled by Postgres (``store.bodies``), whole, as it may be served
+    (``plan_read``, then ``read_parts``); a page whose records were pruned while it was read is planned
+    again, which answers with the stream as it is now (410 for a pruned cursor)."""
     for attempt in range(2):
-        async with pool.acquire(until=until) as conn:
-            page = await bodies.plan(
-                conn,
-                run_id,
-                stream_id,
-                after,
-                max_records=max_records,
-                max_bytes=max_bytes,
-                caller=caller,
-                right=right,
-                client_region=client_region,
-            )
+        page = await plan_read(
+            pool,
+            durability,
+            run_id,
+            stream_id,
+            after,
+            max_records=max_records,
+            max_bytes=max_bytes,
+            caller=caller,
+            right=right,
+            client_region=client_region,
+        )
         try:
-            parts = await _parts(pool, page, form, until)
+            async with contextlib.aclosing(read_parts(pool, page, form)) as parts:
+                return page.body(form, [part async for part in parts])
         except bodies.PageChanged:
             if attempt:
                 raise
-            continue  # the next plan answers with the stream as it is now (410 for a pruned cursor)
-        return await _served(durability, run_id, stream_id, page.body(form, parts), until)
     raise AssertionError("not reached")
-
-
-# records of one part of a catch-up page (Postgres joins a part into one value, and larger values cost
-# it more a record), and the connections that read a page's parts: two, so that Postgres writes one part
-# while this process takes in the other (``read_body``; figures: bench/README.md, constants)
-PART_RECORDS = 2048
-PART_CONNECTIONS = 2
-
-
-async def _parts(pool: Pool, page: bodies.Plan, form: Form, until: float) -> list[bodies.Part]:
-    ranges = [
-        (first, min(first + PART_RECORDS - 1, page.end)) for first in range(page.after + 1, page.end + 1, PART_RECORDS)
-    ]
-    if len(ranges) <= 1:
-        if not ranges:
-            return []
-        async with pool.acquire(until=until) as conn:
-            return [await bodies.fetch_part(conn, page, form, *ranges[0])]
-    parts: list[bodies.Part | None] = [None] * len(ranges)
-
-    async def take_turns(lane: int) -> None:
-        async with pool.acquire(until=until) as conn:
-            for i in range(lane, len(ranges), PART_CONNECTIONS):
-                parts[i] = await bodies.fetch_part(conn, page, form, *ranges[i])
-
-    async with asyncio.TaskGroup() as group:
-        for lane in range(min(PART_CONNECTIONS, len(ranges))):
-            group.create_task(take_turns(lane))
-    return [part for part in parts if part is not None]
 
 
 async def _served(durability: Durability, run_id: str, stream_id: str, read: R, until: float) -> R:

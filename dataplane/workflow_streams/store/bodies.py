@@ -181,26 +181,6 @@ class Body:
         pieces.append(tail)
         return b"".join(pieces)
 
-    def held_back(self, known: int) -> tuple[Body, int]:
-        """This body as far as ``known`` is durable (the head at most ``known``, never below the body's own
-        start, and not closed: the close may lie beyond), and how many records were held back."""
-        keep = max(0, known - self.after)
-        step = len(_FORMS_SEPARATOR[self.form])
-        parts: list[Part] = []
-        for part in self.parts:
-            if keep <= 0:
-                break
-            if len(part.lengths) <= keep:
-                parts.append(part)
-            else:
-                lengths = part.lengths[:keep]
-                parts.append(Part(part.data[: sum(lengths) + step * (keep - 1)], lengths))
-            keep -= len(part.lengths)
-        served = dataclasses.replace(self, parts=parts, closed=False)
-        start = served.next_after
-        bounds = Bounds(earliest=self.bounds.earliest, latest=max(min(self.bounds.latest, known), start))
-        return dataclasses.replace(served, bounds=bounds), self.count - served.count
-
 
 _FORMS_SEPARATOR: dict[str, bytes] = {form: separator.encode() for form, (_, separator) in _FORMS.items()}
 
@@ -219,8 +199,27 @@ class Plan:
     pins_digest: str
     timeline: str
 
-    def body(self, form: Form, parts: list[Part]) -> Body:
-        return Body(self.after, parts, self.bounds, self.closed, self.pins, self.pins_digest, self.timeline, form)
+    @property
+    def count(self) -> int:
+        return self.end - self.after
+
+    @property
+    def last_sequence(self) -> int | None:
+        return self.end if self.end > self.after else None
+
+    def held_back(self, known: int) -> tuple[Plan, int]:
+        """This page as far as ``known`` is durable (the head at most ``known``, never below the page's own
+        start, and not closed: the close may lie beyond), and how many records were held back."""
+        end = min(self.end, max(self.after, known))
+        bounds = Bounds(earliest=self.bounds.earliest, latest=max(min(self.bounds.latest, known), end))
+        return dataclasses.replace(self, end=end, bounds=bounds, closed=False), self.end - end
+
+    def body(self, form: Form, parts: list[Part], *, after: int | None = None) -> Body:
+        """The page's records in ``parts``, those after ``after`` (the page's start unless said): closed
+        only if they reach the page's end."""
+        start = self.after if after is None else after
+        closed = self.closed and start + sum(len(part.lengths) for part in parts) == self.end
+        return Body(start, parts, self.bounds, closed, self.pins, self.pins_digest, self.timeline, form)
 
 
 class PageChanged(Exception):
