@@ -68,7 +68,9 @@ FULL = Timing(
 # (streams, connections)
 APPEND_CASES = [(1, 8), (1, 32), (1, 128), (1000, 8), (1000, 32), (1000, 128)]
 # (subscribers, streams, appends/s in total)
-SSE_CASES = [(1, 1, 50.0), (100, 1, 50.0), (1000, 1, 20.0), (10_000, 1000, 100.0)]
+# subscribers, streams, appends a second, records already in each stream when they connect (a burst of
+# subscribers reconnecting behind after an outage: they read the backlog from the start, then follow)
+SSE_CASES = [(1, 1, 50.0, 0), (100, 1, 50.0, 0), (1000, 1, 20.0, 0), (10_000, 1000, 100.0, 0), (1000, 100, 100.0, 2000)]
 
 
 def _ratio(ours: float, base: float) -> float:
@@ -277,7 +279,7 @@ async def deliveries(server: Server, pg: LocalPostgres, timing: Timing) -> list[
     subscriber's sequences are checked against what the appender got back."""
     base = server.url + PREFIX
     out = []
-    for subscribers, streams, rate in SSE_CASES:
+    for subscribers, streams, rate, backlog in SSE_CASES:
         run = f"l{subscribers}-{uuid.uuid4().hex[:8]}"
         await generator.run("create", base, TOKEN, run=run, streams=streams, create=pins())
         meter = Meter(server, postmaster_pid(pg))
@@ -293,6 +295,7 @@ async def deliveries(server: Server, pg: LocalPostgres, timing: Timing) -> list[
                 subscribers=subscribers,
                 rate=rate,
                 duration=f"{timing.sse_seconds}s",
+                backlog=backlog,
             )
         except RuntimeError as exc:  # a failed case is a finding, not the end of the run
             print(f"  sse {subscribers:,} subscribers: FAILED {exc}", flush=True)
@@ -300,8 +303,11 @@ async def deliveries(server: Server, pg: LocalPostgres, timing: Timing) -> list[
             continue
         row = {
             "case": f"{subscribers:,} subscriber{'s' if subscribers > 1 else ''}, "
-            f"{streams:,} stream{'s' if streams > 1 else ''}, {rate:g} appends/s",
+            f"{streams:,} stream{'s' if streams > 1 else ''}, {rate:g} appends/s"
+            + (f", {backlog:,} records behind" if backlog else ""),
             "subscribers": subscribers,
+            "backlog": backlog,
+            "caught_up_s": report["caught_up_seconds"],
             "streams": streams,
             "rate": rate,
             "connect_s": report["connect_seconds"],
@@ -325,7 +331,8 @@ async def deliveries(server: Server, pg: LocalPostgres, timing: Timing) -> list[
         lat = report["latency_ms"]
         print(
             f"  sse {row['case']}: connected {report['connected']:,} in {report['connect_seconds']:.2f} s "
-            f"(listen overflows {row['listen_overflows']:,}), "
+            + (f"(backlogs read in {report['caught_up_seconds']:.2f} s) " if backlog else "")
+            + f"(listen overflows {row['listen_overflows']:,}), "
             f"delivered {report['delivered']:,}/{report['expected']:,} (duplicates {report['duplicates']}, "
             f"gaps {report['gaps']}, missing {report['missing']}), p50 {lat['p50']:.1f} ms p99 {lat['p99']:.1f} ms; "
             f"CPU cores: generator {report['cpu_share']}, server {row['server_cores']}, "

@@ -105,6 +105,22 @@ async def test_sse_subscribers_see_every_record_once_in_order(server: str) -> No
     assert report["latency_ms"]["n"] == report["delivered"]
 
 
+async def test_sse_subscribers_behind_read_the_backlog_then_follow(server: str) -> None:
+    """With a backlog, every stream holds that many records before anyone connects; subscribers read them
+    from the start (counted for order, not latency), then the live ones."""
+    report = await generator.run(
+        "sse", server, TOKEN, run="smoke-b", streams=2, subscribers=4, rate=20.0, duration="1s",
+        backlog=1200, create=pins(),
+    )  # fmt: skip
+    assert report["backlog"] == 1200 and report["connected"] == 4 and report["append_errors"] == {}
+    assert report["foreign_sequences"] == 0 and report["appended"] > 0
+    assert report["expected"] == 4 * 1200 + 2 * report["appended"]
+    assert report["delivered"] == report["expected"] and report["missing"] == 0
+    assert report["duplicates"] == 0 and report["gaps"] == 0
+    assert report["latency_ms"]["n"] == 2 * report["appended"], "only live records carry a send time"
+    assert report["caught_up_seconds"] > 0
+
+
 async def test_catchup_reads_a_whole_stream_on_every_surface(server: str) -> None:
     """The catch-up reader follows each surface's cursor to the end: our API's next_after, the protocol's
     Stream-Next-Offset, and both SSE forms, counting the bytes it read."""

@@ -27,6 +27,8 @@ type sseReport struct {
 	Connected           int            `json:"connected"`
 	ConnectErrors       map[string]int `json:"connect_errors"`
 	ConnectCPUSeconds   float64        `json:"connect_cpu_seconds"`
+	Backlog             int            `json:"backlog"`           // records per stream before anyone connects
+	CaughtUpSeconds     float64        `json:"caught_up_seconds"` // from the burst until every subscriber read its backlog
 	Appended            int            `json:"appended"`
 	AppendErrors        map[string]int `json:"append_errors"`
 	AppendsPerS         float64        `json:"appends_per_s"`
@@ -251,6 +253,7 @@ func runSSE(args []string) error {
 	appendConns := fs.Int("append-conns", 8, "connections of the appender")
 	connectTimeout := fs.Duration("connect-timeout", 60*time.Second, "give up connecting subscribers after this")
 	drainTimeout := fs.Duration("drain-timeout", 15*time.Second, "wait this long for the last records to arrive")
+	backlog := fs.Int("backlog", 0, "records appended to each stream before the subscribers connect (they read them from the start)")
 	_ = fs.Parse(args)
 	if err := t.parse(*base); err != nil {
 		return err
@@ -266,6 +269,11 @@ func runSSE(args []string) error {
 	if err := t.create(client); err != nil {
 		return err
 	}
+	a := &appender{t: &t, client: client, sequences: map[int][]int64{}, errors: map[string]int{}}
+	if err := a.prefill(*backlog, *appendConns); err != nil {
+		return err
+	}
+	out.Backlog = *backlog
 
 	// connect everyone at once, as a burst of reconnecting clients would
 	subs := make([]*subscriber, *subscribers)
@@ -305,6 +313,23 @@ func runSSE(args []string) error {
 	}
 	ready.Wait()
 	out.Connected = int(connected.Load())
+	caughtUp := make(chan float64, 1)
+	go func() { // every connected subscriber has read its stream's backlog
+		for {
+			behind := false
+			for _, s := range subs {
+				if s.conn != nil && !s.ended.Load() && s.last.Load() < int64(*backlog) {
+					behind = true
+					break
+				}
+			}
+			if !behind || time.Since(started) > *connectTimeout {
+				caughtUp <- time.Since(started).Seconds()
+				return
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}()
 	if out.Connected > 0 {
 		out.ConnectSeconds = round3(float64(lastConnected.Load()-started.UnixNano()) / 1e9)
 	} else {
@@ -313,7 +338,6 @@ func runSSE(args []string) error {
 	cpu1 := cpuSeconds()
 	out.ConnectCPUSeconds = round3(cpu1 - cpu0)
 
-	a := &appender{t: &t, client: client, sequences: map[int][]int64{}, errors: map[string]int{}}
 	phase("appending")
 	began := time.Now()
 	a.run(*rate, *duration, *appendConns)
@@ -328,7 +352,7 @@ func runSSE(args []string) error {
 			latest[stream] = max(latest[stream], q)
 		}
 		out.ForeignSequences += int(latest[stream]) - len(seen)
-		out.Appended += len(seqs)
+		out.Appended += len(seqs) - *backlog
 	}
 	phase("draining")
 	drainFrom := time.Now()
@@ -346,6 +370,7 @@ func runSSE(args []string) error {
 		time.Sleep(20 * time.Millisecond)
 	}
 	out.DrainSeconds = round3(time.Since(drainFrom).Seconds())
+	out.CaughtUpSeconds = round3(<-caughtUp)
 	cpu2 := cpuSeconds()
 	phase("done")
 	out.CPUSeconds = round3(cpu2 - cpu1)
@@ -387,4 +412,52 @@ func runSSE(args []string) error {
 	out.AppendLatencyMS = summarize(a.latencies)
 	out.LatencyMS = summarize(all)
 	return report(out)
+}
+
+// prefill appends `backlog` records to every stream (batches of up to 1,000, without a send time:
+// they count for order, not latency), keeping their sequences with the live ones.
+func (a *appender) prefill(backlog, conns int) error {
+	if backlog <= 0 {
+		return nil
+	}
+	record := fmt.Sprintf(`{"data":{"p":"%s"}}`, strings.Repeat("x", 80))
+	jobs := make(chan int)
+	errs := make(chan error, a.t.streams)
+	var wg sync.WaitGroup
+	for w := 0; w < conns; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for stream := range jobs {
+				for left := backlog; left > 0; left -= 1000 {
+					n := min(left, 1000)
+					body := `{"records":[` + strings.TrimSuffix(strings.Repeat(record+",", n), ",") + `]}`
+					status, answer, err := a.t.post(a.client, a.t.recordsURL(stream), []byte(body))
+					var got struct {
+						Sequences []int64 `json:"sequences"`
+					}
+					if err == nil && status != 201 {
+						err = fmt.Errorf("backlog append: status %d: %s", status, answer)
+					}
+					if err == nil {
+						err = json.Unmarshal(answer, &got)
+					}
+					if err != nil {
+						errs <- err
+						break
+					}
+					a.mu.Lock()
+					a.sequences[stream] = append(a.sequences[stream], got.Sequences...)
+					a.mu.Unlock()
+				}
+			}
+		}()
+	}
+	for i := 0; i < a.t.streams; i++ {
+		jobs <- i
+	}
+	close(jobs)
+	wg.Wait()
+	close(errs)
+	return <-errs
 }
