@@ -16,11 +16,20 @@ from tests.support import ALICE, SseReader, StreamsApi
 from workflow_streams.adapters import wire
 from workflow_streams.domain.media import is_json
 from workflow_streams.runtime.reads import PART_RECORDS
-from workflow_streams.store.bodies import fetch_body
+from workflow_streams.store.bodies import Body, Form, fetch_part, plan
+from workflow_streams.store.db import DIRECT
 from workflow_streams.store.reads import fetch_page
 
 BIG = 10**9
 DS = "/api/durable-streams/v1/stream"
+
+
+async def fetch_body(
+    conn: asyncpg.Connection, run: str, stream: str, after: int, form: Form, *, max_records: int, max_bytes: int
+) -> Body:
+    """A page planned and read on one connection, as runtime.reads does on several."""
+    page = await plan(conn, run, stream, after, max_records=max_records, max_bytes=max_bytes)
+    return page.body(form, [await fetch_part(conn, page, form, after + 1, page.end)] if page.end > after else [])
 
 
 async def _mixed_stream(api: StreamsApi, db: asyncpg.Connection) -> int:
@@ -59,19 +68,23 @@ async def _mixed_stream(api: StreamsApi, db: asyncpg.Connection) -> int:
     return last + 1
 
 
-async def test_every_form_is_what_the_rows_make(api: StreamsApi, db: asyncpg.Connection) -> None:
+async def test_every_form_is_what_the_rows_make(api: StreamsApi, db: asyncpg.Connection, database_url: str) -> None:
     last = await _mixed_stream(api, db)
+    # whatever the database's time zone, the server's connections write timestamps in UTC
+    await db.execute(f"ALTER DATABASE {await db.fetchval('SELECT current_database()')} SET timezone = 'Asia/Kolkata'")
+    server = await asyncpg.connect(database_url, **DIRECT.connect_arguments("test"))
     # timestamps with whole seconds and trailing zeros, which both must write alike
     await db.execute(
         "UPDATE wfs_records SET appended_at = '2026-01-01T00:00:00Z'::timestamptz + sequence * '0.25 s'::interval"
     )
     # the server's connections decode jsonb (an object record's reference) as JSON
     await db.set_type_codec("jsonb", encoder=json.dumps, decoder=json.loads, schema="pg_catalog")
+
     rows = (await fetch_page(db, "r", "mixed", 0, 100)).records
     assert len(rows) == last
 
     async def body(form: Any) -> bytes:
-        fetched = await fetch_body(db, "r", "mixed", 0, form, max_records=BIG, max_bytes=BIG)
+        fetched = await fetch_body(server, "r", "mixed", 0, form, max_records=BIG, max_bytes=BIG)
         assert (fetched.last_sequence, fetched.count) == (last, last)
         return fetched.joined()
 
@@ -83,6 +96,7 @@ async def test_every_form_is_what_the_rows_make(api: StreamsApi, db: asyncpg.Con
     assert json.loads(b"[" + messages + b"]") == json.loads(b"[" + b",".join(map(wire.message, rows)) + b"]")
     assert await body("bytes") == b"".join(r.payload for r in rows if r.payload is not None)
     events = (await body("events")).split(b"\n\n")
+    await server.close()
     expected = b"".join(map(wire.record_event, rows)).split(b"\n\n")
     assert len(events) == len(expected) == last + 1
     for got, want in zip(events[:-1], expected[:-1], strict=True):

@@ -18,7 +18,7 @@ def test_direct_by_default_with_listen_and_a_five_second_deadline() -> None:
     assert settings.connecting == Connecting(pooler="none", timeout_seconds=5.0)
     assert settings.wake_source == "listen"
     assert settings.listen_url == BASE["WFS_DATABASE_URL"]
-    assert settings.connecting.connect_arguments("x")["server_settings"] == {"application_name": "x"}
+    assert settings.connecting.connect_arguments("x")["server_settings"] == {"application_name": "x", "TimeZone": "UTC"}
 
 
 def test_a_transaction_pooler_polls_unless_given_a_direct_dsn_for_listen() -> None:

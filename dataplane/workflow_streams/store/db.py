@@ -87,7 +87,10 @@ class Connecting:
         """asyncpg's ``connect`` arguments for this mode."""
         arguments: dict[str, Any] = {
             "timeout": self.timeout_seconds,
-            "server_settings": {"application_name": application_name},
+            # UTC whatever the database's default: Postgres writes catch-up records' timestamps in the
+            # session's time zone (store.bodies), as wire.timestamp writes them, in UTC. A pooler keeps
+            # both per client (PgBouncer tracks TimeZone and application_name).
+            "server_settings": {"application_name": application_name, "TimeZone": "UTC"},
         }
         if self.pooler == "transaction":
             arguments["statement_cache_size"] = 0
