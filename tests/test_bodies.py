@@ -4,6 +4,8 @@ whatever parts they came in; a planned page cut to its durable prefix."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from tests.support import pins
 from workflow_streams.domain.cursor import Bounds
@@ -59,3 +61,29 @@ def test_a_body_of_some_of_a_closed_pages_parts_is_not_closed() -> None:
     assert page.body("records", [rest], after=12).closed
     assert page.body("records", [first, rest]).closed
     assert page.body("records", [rest], after=12).next_after == 13
+
+
+def _runs_record_by_record(values: list[list[bytes]], separator: bytes, budget: int) -> list[tuple[int, bytes]]:
+    """What chunks means, one record at a time: a run ends once its values reach the budget, or with its part."""
+    runs, last = [], 10
+    for part in values:
+        run: list[bytes] = []
+        for value in part:
+            run.append(value)
+            last += 1
+            if sum(map(len, run)) >= budget:
+                runs.append((last, separator.join(run)))
+                run = []
+        if run:
+            runs.append((last, separator.join(run)))
+    return runs
+
+
+@given(
+    st.lists(st.lists(st.binary(max_size=12), min_size=1, max_size=20), max_size=5),
+    st.integers(min_value=1, max_value=40),
+    st.sampled_from(["records", "bytes"]),
+)
+def test_runs_are_cut_as_record_by_record(values: list[list[bytes]], budget: int, form: Form) -> None:
+    separator = b"," if form == "records" else b""
+    assert list(body(form, *values).chunks(budget)) == _runs_record_by_record(values, separator, budget)

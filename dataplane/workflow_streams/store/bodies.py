@@ -13,7 +13,9 @@ ends is decided first, from the records' cumulative bytes, so exactly the page's
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
+import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Literal
@@ -152,20 +154,19 @@ class Body:
     def chunks(self, budget: int) -> Iterator[tuple[int, bytes]]:
         """The records in runs of about ``budget`` bytes of values (at least one record each; a run ends
         with its part at the latest): the last sequence of each run and its values joined by the form's
-        separator."""
+        separator. Where each run ends is found in the part's running totals (bisect), not record by
+        record: a part's data is already joined, so a run is one slice of it."""
         step = len(_FORMS_SEPARATOR[self.form])
         last = self.after
         for part in self.parts:
-            start = offset = size = pending = 0
-            for length in part.lengths:
-                offset, size, pending, last = offset + length, size + length, pending + 1, last + 1
-                if size >= budget:
-                    yield last, part.data[start:offset]
-                    start = offset + step
-                    size = pending = 0
-                offset += step
-            if pending:
-                yield last, part.data[start:]
+            ends = list(itertools.accumulate(part.lengths))  # bytes of values through each record
+            first, offset, before = 0, 0, 0
+            while first < len(ends):
+                i = min(bisect.bisect_left(ends, before + budget, lo=first), len(ends) - 1)
+                end = ends[i] + step * i  # where record i's value ends in the part's data
+                yield last + i + 1, part.data[offset:end]
+                first, offset, before = i + 1, end + step, ends[i]
+            last += len(ends)
 
     def joined(self, head: bytes = b"", tail: bytes = b"") -> bytes:
         """The values joined by the form's separator, between ``head`` and ``tail``, in one join: a page
