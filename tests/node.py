@@ -32,7 +32,6 @@ import os
 import re
 import shutil
 import signal
-import ssl
 import subprocess
 import sys
 import tarfile
@@ -43,10 +42,9 @@ from pathlib import Path
 from typing import Any
 
 from cryptography import x509
-from cryptography.hazmat.primitives import serialization
 
 from workflow_streams.local import cache_bin
-from workflow_streams.local.kube import AUDIENCE, ControlPlane, _cert, _key, _name, _pem_key
+from workflow_streams.local.kube import AUDIENCE, ControlPlane
 from workflow_streams.local.postgres import LocalPostgres, free_port
 from workflow_streams.local.process import Process, http_ok, wait_until
 
@@ -212,7 +210,6 @@ class NodeCluster(ControlPlane):
         self.port = API_PORT
         self.node_ip = NODE_IP
         self.journal = Journal({"dir": str(self.dir)})
-        self.named: dict[str, Process] = {}
         self.timings: dict[str, float] = {}
 
     @property
@@ -299,37 +296,13 @@ class NodeCluster(ControlPlane):
         if rule and run("iptables", "-w", "-C", "FORWARD", *rule, check=False).returncode != 0:
             run("iptables", "-w", "-I", "FORWARD", "1", *rule)
 
-    def _write_pki(self) -> None:
-        ca_key = _key()
-        ca_name = _name("wfs-node-ca")
-        ca = _cert(ca_name, ca_key, ca_name, ca_key, ca=True)
-        server_key = _key()
+    ca_name = "wfs-node-ca"
+
+    def _server_sans(self) -> list[x509.GeneralName]:
+        # pods reach the API server as the kubernetes Service and on the node's address
         names = ["localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc", AUDIENCE.split("//")[1]]
         sans: list[x509.GeneralName] = [x509.DNSName(n) for n in names]
-        sans += [x509.IPAddress(ipaddress.ip_address(a)) for a in ("127.0.0.1", NODE_IP, KUBERNETES_SERVICE_IP)]
-        server = _cert(_name("kube-apiserver"), server_key, ca_name, ca_key, sans=sans)
-        admin_key = _key()
-        admin = _cert(_name("admin", "system:masters"), admin_key, ca_name, ca_key)
-        sa_key = _key()
-        files = {
-            "ca.crt": ca.public_bytes(serialization.Encoding.PEM),
-            "ca.key": _pem_key(ca_key),
-            "server.crt": server.public_bytes(serialization.Encoding.PEM),
-            "server.key": _pem_key(server_key),
-            "admin.crt": admin.public_bytes(serialization.Encoding.PEM),
-            "admin.key": _pem_key(admin_key),
-            "sa.key": _pem_key(sa_key),
-            "sa.pub": sa_key.public_key().public_bytes(
-                serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
-            ),
-        }
-        for name, content in files.items():
-            (self.dir / name).write_bytes(content)
-            (self.dir / name).chmod(0o600)
-        self.write_kubeconfig(
-            self.kubeconfig,
-            user={"client-certificate": str(self.dir / "admin.crt"), "client-key": str(self.dir / "admin.key")},
-        )
+        return sans + [x509.IPAddress(ipaddress.ip_address(a)) for a in ("127.0.0.1", NODE_IP, KUBERNETES_SERVICE_IP)]
 
     def _write_configs(self) -> None:
         import yaml
@@ -457,89 +430,31 @@ state = "{d}/containerd/state"
 """
         )
 
-    def _run_binary(self, name: str, args: list[str], binary: str | None = None) -> Process:
-        process = Process(
-            [binary or str(cache_bin() / name), *args], log=self.dir / "logs" / f"{name}.log", append=False, name=name
-        )
-        self.procs.append(process)
-        self.named[name] = process
-        return process
+    @property
+    def logs_dir(self) -> Path:
+        return self.dir / "logs"
 
-    def _admin_context(self) -> ssl.SSLContext:
-        context = ssl.create_default_context(cafile=str(self.dir / "ca.crt"))
-        context.load_cert_chain(str(self.dir / "admin.crt"), str(self.dir / "admin.key"))
-        return context
+    @property
+    def named(self) -> dict[str, Process]:
+        return {proc.name: proc for proc in self.procs}
 
     def _control_plane(self) -> None:
         d = self.dir
-        self._run_binary(
-            "etcd",
-            [
-                "--data-dir",
-                str(d / "etcd"),
-                "--listen-client-urls",
-                f"http://127.0.0.1:{self.etcd_port}",
-                "--advertise-client-urls",
-                f"http://127.0.0.1:{self.etcd_port}",
-                "--listen-peer-urls",
-                f"http://127.0.0.1:{self.etcd_peer_port}",
-                "--initial-advertise-peer-urls",
-                f"http://127.0.0.1:{self.etcd_peer_port}",
-                "--initial-cluster",
-                f"default=http://127.0.0.1:{self.etcd_peer_port}",
-                "--unsafe-no-fsync",
-                "--log-level",
-                "warn",
-            ],
-        )
-        apiserver = self._run_binary(
-            "kube-apiserver",
-            [
-                "--etcd-servers",
-                f"http://127.0.0.1:{self.etcd_port}",
-                "--cert-dir",
-                str(d / "apiserver-certs"),
-                "--tls-cert-file",
-                str(d / "server.crt"),
-                "--tls-private-key-file",
-                str(d / "server.key"),
-                "--client-ca-file",
-                str(d / "ca.crt"),
-                "--secure-port",
-                str(API_PORT),
-                # pods reach the API server on the node's address (the kubernetes Service's endpoint)
-                "--bind-address",
-                NODE_IP,
-                "--advertise-address",
-                NODE_IP,
-                "--service-cluster-ip-range",
-                SERVICE_CIDR,
-                "--authorization-mode",
-                "Node,RBAC",
-                "--service-account-issuer",
-                AUDIENCE,
-                "--api-audiences",
-                AUDIENCE,
-                "--service-account-key-file",
-                str(d / "sa.pub"),
-                "--service-account-signing-key-file",
-                str(d / "sa.key"),
+        self._start_etcd()
+        # pods reach the API server on the node's address (the kubernetes Service's endpoint)
+        self._start_apiserver(
+            address=NODE_IP,
+            service_cidr=SERVICE_CIDR,
+            authorization="Node,RBAC",
+            more=[
                 "--kubelet-client-certificate",
                 str(d / "admin.crt"),
                 "--kubelet-client-key",
                 str(d / "admin.key"),
                 "--kubelet-preferred-address-types",
                 "InternalIP",
-                "--allow-privileged=true",
-                "--v=0",
             ],
-        )
-        wait_until(
-            lambda: http_ok(f"{self.server}/readyz", ssl_context=self._admin_context()),
             seconds=180,
-            alive=lambda: all(proc.running() for proc in self.procs),
-            describe=lambda: "\n".join(proc.tail(2000) for proc in self.procs),
-            what=apiserver.name,
         )
         common = [
             "--kubeconfig",
@@ -552,7 +467,7 @@ state = "{d}/containerd/state"
             "127.0.0.1",
             "--leader-elect=false",
         ]
-        self._run_binary(
+        self._spawn(
             "kube-controller-manager",
             [
                 *common,
@@ -570,18 +485,18 @@ state = "{d}/containerd/state"
                 "--allocate-node-cidrs=false",
             ],
         )
-        self._run_binary("kube-scheduler", [*common, "--secure-port", str(free_port())])
+        self._spawn("kube-scheduler", [*common, "--secure-port", str(free_port())])
 
     def _node(self) -> None:
         d = self.dir
-        containerd = self._run_binary(
+        containerd = self._spawn(
             "containerd", ["--config", str(d / "containerd" / "config.toml")], binary=shutil.which("containerd")
         )
         # the kubelet exits if containerd's CRI service is not initialised yet
         containerd.wait_for_output("Start streaming server", seconds=60)
         tar = pause_image_tar(cache_bin() / "wfs-pause", d / "pause.tar")
         self.ctr("images", "import", str(tar))
-        self._run_binary(
+        self._spawn(
             "kubelet",
             [
                 "--config",
@@ -598,8 +513,8 @@ state = "{d}/containerd/state"
                 NODE_IP,
             ],
         )
-        self._run_binary("kube-proxy", ["--config", str(d / "kube-proxy.yaml")])
-        self._run_binary("coredns", ["-conf", str(d / "Corefile")])
+        self._spawn("kube-proxy", ["--config", str(d / "kube-proxy.yaml")])
+        self._spawn("coredns", ["-conf", str(d / "Corefile")])
 
         def ready() -> bool:
             out = self.kubectl("get", "node", NODE_NAME, "-o", "json", check=False)

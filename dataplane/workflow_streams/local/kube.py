@@ -97,23 +97,29 @@ class ControlPlane:
     def server(self) -> str:
         return f"https://127.0.0.1:{self.port}"
 
-    def _write_pki(self) -> None:
-        ca_key = _key()
-        ca_name = _name("wfs-test-ca")
-        ca = _cert(ca_name, ca_key, ca_name, ca_key, ca=True)
-        server_key = _key()
-        sans: list[x509.GeneralName] = [
+    ca_name = "wfs-test-ca"
+
+    def _server_sans(self) -> list[x509.GeneralName]:
+        """The names the API server's certificate holds: how its clients reach it."""
+        return [
             x509.DNSName("localhost"),
             x509.DNSName("kubernetes.default.svc"),
             x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
             x509.IPAddress(ipaddress.ip_address("10.0.0.1")),
         ]
-        server = _cert(_name("kube-apiserver"), server_key, ca_name, ca_key, sans=sans)
+
+    def _write_pki(self) -> None:
+        ca_key = _key()
+        ca_name = _name(self.ca_name)
+        ca = _cert(ca_name, ca_key, ca_name, ca_key, ca=True)
+        server_key = _key()
+        server = _cert(_name("kube-apiserver"), server_key, ca_name, ca_key, sans=self._server_sans())
         admin_key = _key()
         admin = _cert(_name("admin", "system:masters"), admin_key, ca_name, ca_key)
         sa_key = _key()
         files = {
             "ca.crt": ca.public_bytes(serialization.Encoding.PEM),
+            "ca.key": _pem_key(ca_key),  # a controller manager signs with it
             "server.crt": server.public_bytes(serialization.Encoding.PEM),
             "server.key": _pem_key(server_key),
             "admin.crt": admin.public_bytes(serialization.Encoding.PEM),
@@ -125,6 +131,7 @@ class ControlPlane:
         }
         for name, content in files.items():
             (self.dir / name).write_bytes(content)
+            (self.dir / name).chmod(0o600)
         self.write_kubeconfig(
             self.kubeconfig,
             user={"client-certificate": str(self.dir / "admin.crt"), "client-key": str(self.dir / "admin.key")},
@@ -146,11 +153,24 @@ class ControlPlane:
         path.write_text(yaml.safe_dump(config))
         return path
 
-    def _spawn(self, name: str, args: list[str]) -> None:
-        self.procs.append(Process([str(cache_bin() / name), *args], log=self.dir / f"{name}.log", append=False))
+    @property
+    def logs_dir(self) -> Path:
+        return self.dir
 
-    def start(self) -> None:
-        self._write_pki()
+    def _spawn(self, name: str, args: list[str], binary: str | None = None) -> Process:
+        """One of the cluster's commands (from the tool cache unless ``binary`` says), logged as ``name``."""
+        process = Process(
+            [binary or str(cache_bin() / name), *args], log=self.logs_dir / f"{name}.log", append=False, name=name
+        )
+        self.procs.append(process)
+        return process
+
+    def _admin_context(self) -> ssl.SSLContext:
+        context = ssl.create_default_context(cafile=str(self.dir / "ca.crt"))
+        context.load_cert_chain(str(self.dir / "admin.crt"), str(self.dir / "admin.key"))
+        return context
+
+    def _start_etcd(self) -> None:
         self._spawn(
             "etcd",
             [
@@ -171,8 +191,14 @@ class ControlPlane:
                 "warn",
             ],
         )
+
+    def _start_apiserver(
+        self, *, address: str, service_cidr: str, authorization: str, more: list[str], seconds: float
+    ) -> None:
+        """kube-apiserver on ``address`` with RBAC and service-account tokens (``more`` flags besides),
+        waited for until it is ready."""
         d = self.dir
-        self._spawn(
+        apiserver = self._spawn(
             "kube-apiserver",
             [
                 "--etcd-servers",
@@ -188,13 +214,13 @@ class ControlPlane:
                 "--secure-port",
                 str(self.port),
                 "--bind-address",
-                "127.0.0.1",
+                address,
                 "--advertise-address",
-                "127.0.0.1",
+                address,
                 "--service-cluster-ip-range",
-                "10.0.0.0/24",
+                service_cidr,
                 "--authorization-mode",
-                "RBAC",
+                authorization,
                 "--service-account-issuer",
                 AUDIENCE,
                 "--api-audiences",
@@ -203,21 +229,29 @@ class ControlPlane:
                 str(d / "sa.pub"),
                 "--service-account-signing-key-file",
                 str(d / "sa.key"),
-                "--disable-admission-plugins",
-                "ServiceAccount",
+                *more,
                 "--allow-privileged=true",
                 "--v=0",
             ],
         )
-        context = ssl.create_default_context(cafile=str(d / "ca.crt"))
-        context.load_cert_chain(str(d / "admin.crt"), str(d / "admin.key"))
-        apiserver = self.procs[-1]
         wait_until(
-            lambda: http_ok(f"{self.server}/readyz", ssl_context=context),
-            seconds=120,
+            lambda: http_ok(f"{self.server}/readyz", ssl_context=self._admin_context()),
+            seconds=seconds,
             alive=lambda: all(proc.running() for proc in self.procs),
             describe=lambda: "\n".join(proc.tail(2000) for proc in self.procs),
             what=apiserver.name,
+        )
+
+    def start(self) -> None:
+        self._write_pki()
+        self._start_etcd()
+        # no controller manager runs here to make the ServiceAccounts that admission would require
+        self._start_apiserver(
+            address="127.0.0.1",
+            service_cidr="10.0.0.0/24",
+            authorization="RBAC",
+            more=["--disable-admission-plugins", "ServiceAccount"],
+            seconds=120,
         )
 
     def kubectl(
