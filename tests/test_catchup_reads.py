@@ -85,7 +85,7 @@ async def test_every_form_is_what_the_rows_make(api: StreamsApi, db: asyncpg.Con
 
     async def body(form: Any) -> bytes:
         fetched = await fetch_body(server, "r", "mixed", 0, form, max_records=BIG, max_bytes=BIG)
-        assert (fetched.last_sequence, fetched.count) == (last, last)
+        assert (fetched.next_after, fetched.count) == (last, last)
         return fetched.joined()
 
     records = await body("records")
@@ -115,8 +115,8 @@ async def test_pages_keep_their_budgets(api: StreamsApi, db: asyncpg.Connection)
         return await fetch_body(db, "r", "budget", after, "records", **{"max_records": BIG, **budget})
 
     assert (await read(0, max_bytes=10_000)).count == 100
-    assert (await read(500, max_bytes=10_000)).last_sequence == 600
-    assert (await read(0, max_bytes=10_050)).last_sequence == 100, "the budget is exact, not rounded up"
+    assert (await read(500, max_bytes=10_000)).next_after == 600
+    assert (await read(0, max_bytes=10_050)).next_after == 100, "the budget is exact, not rounded up"
     assert (await read(0, max_bytes=BIG, max_records=7)).count == 7
     assert (await read(0, max_bytes=1)).count == 1, "a page holds at least one record"
     assert (await read(995, max_bytes=BIG)).count == 5

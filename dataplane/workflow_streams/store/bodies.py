@@ -126,26 +126,17 @@ class Part:
 @dataclass(frozen=True)
 class Body:
     """The records after ``after`` in one form (sequences ``after + 1`` on, with no gaps), in parts as
-    Postgres joined them, and the stream as the same snapshot saw it."""
+    Postgres joined them, and the stream's bounds and close as its plan saw them."""
 
     after: int
     parts: list[Part]
     bounds: Bounds
     closed: bool
-    pins: StreamPins
-    pins_digest: str
-    # the WAL timeline the read ran on (store.wal)
-    timeline: str
     form: Form
 
     @property
     def count(self) -> int:
         return sum(len(part.lengths) for part in self.parts)
-
-    @property
-    def last_sequence(self) -> int | None:
-        count = self.count
-        return self.after + count if count else None
 
     @property
     def next_after(self) -> int:
@@ -216,9 +207,8 @@ class Plan:
     def body(self, form: Form, parts: list[Part], *, after: int | None = None) -> Body:
         """The page's records in ``parts``, those after ``after`` (the page's start unless said): closed
         only if they reach the page's end."""
-        start = self.after if after is None else after
-        closed = self.closed and start + sum(len(part.lengths) for part in parts) == self.end
-        return Body(start, parts, self.bounds, closed, self.pins, self.pins_digest, self.timeline, form)
+        body = Body(self.after if after is None else after, parts, self.bounds, False, form)
+        return dataclasses.replace(body, closed=self.closed and body.next_after == self.end)
 
 
 class PageChanged(Exception):
