@@ -31,6 +31,7 @@ import asyncpg
 from bench import generator
 from bench.harness import AUTH, PREFIX, TOKEN, Server, pins, postmaster_pid, process_tree_cpu, start_postgres
 from bench.profile import _pyspy, top_functions
+from workflow_streams.local.npm import npm_ci
 from workflow_streams.local.postgres import LocalPostgres
 from workflow_streams.store.reads import RECORD_COLUMNS
 
@@ -116,12 +117,7 @@ async def ts_client(server: Server, records: int) -> dict[str, Any] | None:
     """The protocol's TS client reading ``records`` from us and from its reference server."""
     if shutil.which("node") is None or not (CLIENTS / "package.json").exists():
         return None
-    if not (CLIENTS / "node_modules").exists():
-        install = await asyncio.create_subprocess_exec(
-            "npm", "ci", "--no-audit", "--no-fund", cwd=CLIENTS, stdout=subprocess.DEVNULL
-        )
-        if await install.wait() != 0:
-            raise RuntimeError("npm ci in bench/catchup failed")
+    await asyncio.to_thread(npm_ci, CLIENTS, "the TS client comparison")
     url = f"{server.url}{DS_PREFIX}/v1/stream/{RUN}/{STREAM}"
     proc = await asyncio.create_subprocess_exec(
         "node", "read.mjs", url, TOKEN, str(records), cwd=CLIENTS, stdout=subprocess.PIPE

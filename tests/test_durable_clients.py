@@ -22,7 +22,6 @@ import contextlib
 import json
 import os
 import re
-import shutil
 import subprocess
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -44,6 +43,7 @@ from durable_streams import (
 
 from tests.devproc import DevProcess
 from tests.waiting import eventually
+from workflow_streams.local.npm import npm_ci
 
 REPO = Path(__file__).resolve().parents[1]
 PROJECT = REPO / "dsclients"
@@ -82,19 +82,6 @@ TS_TESTS = [
 ]
 
 
-def _npm_ci() -> None:
-    """Install the pinned clients once per lockfile: a stamp records which lockfile node_modules holds."""
-    npm = shutil.which("npm")
-    if npm is None or shutil.which("node") is None:
-        pytest.fail("Node.js and npm are needed for the TypeScript client (Node 20: apt-get install nodejs npm)")
-    lock = (PROJECT / "package-lock.json").read_bytes()
-    stamp = PROJECT / "node_modules" / ".wfs-lock"
-    if stamp.is_file() and stamp.read_bytes() == lock:
-        return
-    subprocess.run([npm, "ci", "--no-audit", "--no-fund"], cwd=PROJECT, check=True, timeout=600)
-    stamp.write_bytes(lock)
-
-
 @pytest.fixture(scope="module")
 def dev(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevProcess]:
     process = DevProcess(tmp_path_factory.mktemp("dev"), token=None, WFS_DS_LONG_POLL_SECONDS=str(LONG_POLL_SECONDS))
@@ -115,7 +102,7 @@ def base(dev: DevProcess) -> str:
 @pytest.fixture(scope="module")
 def ts_report(dev: DevProcess, tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[str, str]]:
     """Runs dsclients/clients.test.js once against dev: each test's full name, status and failure text."""
-    _npm_ci()
+    npm_ci(PROJECT, "the TypeScript client")
     report_path = tmp_path_factory.mktemp("vitest") / "report.json"
     env = {
         **os.environ,

@@ -11,33 +11,19 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.devproc import DevProcess
+from workflow_streams.local.npm import npm_ci
 
 REPO = Path(__file__).resolve().parents[1]
 PROJECT = REPO / "conformance"
 # the suite's long-poll tests wait this long for a 204; the server answers after LONG_POLL_SECONDS
 LONG_POLL_SECONDS = 3
 pytestmark = pytest.mark.slow  # dev and the npm suite under node: a minute or more
-
-
-def _npm_ci() -> None:
-    """Install the pinned suite once per lockfile: a stamp records which lockfile node_modules holds."""
-    npm = shutil.which("npm")
-    if npm is None or shutil.which("node") is None:
-        pytest.fail("Node.js and npm are needed for the conformance suite (Node 20: apt-get install nodejs npm)")
-    lock = (PROJECT / "package-lock.json").read_bytes()
-    stamp = PROJECT / "node_modules" / ".wfs-lock"
-    if stamp.is_file() and stamp.read_bytes() == lock:
-        return
-    subprocess.run([npm, "ci", "--no-audit", "--no-fund"], cwd=PROJECT, check=True, timeout=600)
-    stamp.write_bytes(lock)
 
 
 def outcomes(report: dict[str, Any]) -> dict[str, str]:
@@ -50,7 +36,7 @@ def outcomes(report: dict[str, Any]) -> dict[str, str]:
 
 
 async def test_conformance_suite(tmp_path: Path) -> None:
-    _npm_ci()
+    npm_ci(PROJECT, "the conformance suite")
     dev = DevProcess(tmp_path, token=None, WFS_DS_LONG_POLL_SECONDS=str(LONG_POLL_SECONDS))
     try:
         await asyncio.to_thread(dev.wait_ready)
