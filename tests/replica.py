@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
@@ -46,3 +48,15 @@ class Replica:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) * 1024
         raise AssertionError("no VmRSS")
+
+
+@contextlib.asynccontextmanager
+async def running(replicas: list[Replica]) -> AsyncIterator[list[Replica]]:
+    """``replicas``, each ready; all stopped when the block ends, however it ends."""
+    try:
+        for replica in replicas:
+            await replica.ready()
+        yield replicas
+    finally:
+        for replica in replicas:
+            replica.stop()

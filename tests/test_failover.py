@@ -18,7 +18,7 @@ import aiohttp
 import asyncpg
 import pytest
 
-from tests.replica import Replica
+from tests.replica import Replica, running
 from tests.support import pins
 from tests.waiting import eventually
 from workflow_streams import API_PREFIX
@@ -51,13 +51,8 @@ async def replicas(dsn: str, tmp_path: Path) -> AsyncIterator[list[Replica]]:
         Replica(dsn, tmp_path / f"replica-{i}.log", WFS_DATABASE_TIMEOUT_SECONDS="1", WFS_REGION="eu-west-1")
         for i in range(2)
     ]
-    try:
-        for replica in started:
-            await replica.ready()
+    async with running(started):
         yield started
-    finally:
-        for replica in started:
-            replica.stop()
 
 
 async def _fail_over(replication: Replication) -> None:

@@ -20,7 +20,7 @@ import asyncpg
 import pytest
 
 from tests.conftest import create_database
-from tests.replica import Replica
+from tests.replica import Replica, running
 from tests.support import pins
 from tests.waiting import eventually
 from workflow_streams.local.postgres import LocalPostgres
@@ -45,14 +45,8 @@ async def replicas(
     through = pgbouncer.dsn_for(database)
     polling = Replica(through, tmp_path / "polling.log", **POOLED)
     listening = Replica(through, tmp_path / "listening.log", WFS_LISTEN_DATABASE_URL=pg.dsn_for(database), **POOLED)
-    started = [polling, listening]
-    try:
-        for replica in started:
-            await replica.ready()
+    async with running([polling, listening]) as started:
         yield started
-    finally:
-        for replica in started:
-            replica.stop()
 
 
 async def test_appends_and_subscribers_survive_pgbouncer_restarts(

@@ -16,7 +16,7 @@ import aiohttp
 import asyncpg
 import pytest
 
-from tests.replica import Replica
+from tests.replica import Replica, running
 from tests.support import ALICE, pins
 from tests.waiting import eventually
 from workflow_streams import API_PREFIX
@@ -29,15 +29,10 @@ RUN = "procs"
 
 @pytest.fixture
 async def replicas(database_url: str, tmp_path: Path) -> AsyncIterator[list[Replica]]:
-    started = [Replica(database_url, tmp_path / f"replica-{i}.log", WFS_REGION="eu-west-1") for i in range(2)]
-    try:
-        async with aiohttp.ClientSession() as session:
-            for replica in started:
-                await replica.ready(session)
+    async with running(
+        [Replica(database_url, tmp_path / f"replica-{i}.log", WFS_REGION="eu-west-1") for i in range(2)]
+    ) as started:
         yield started
-    finally:
-        for replica in started:
-            replica.stop()
 
 
 def _url(replica: Replica, stream: str | None = None, tail: str = "") -> str:
