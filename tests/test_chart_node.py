@@ -33,7 +33,7 @@ from tests.minio import MinioServer, minio_binary
 from tests.node import FIGURES, NODE_IP, NODE_NAME, NodeCluster, NodePostgres
 from tests.support import pins
 from tests.test_chart import CHART, REPO, helm, readme_install_commands
-from tests.test_image import NO_CANNOT_RUN, choose_engine
+from tests.test_image import CannotBuild, build_image
 from tests.test_operator import stream_manifest
 from tests.waiting import eventually
 from workflow_streams import API_PREFIX
@@ -153,22 +153,18 @@ def node_minio(node_cluster: NodeCluster) -> Iterator[MinioServer]:
 @pytest.fixture(scope="module")
 def node_image(node_cluster: NodeCluster, tmp_path_factory: pytest.TempPathFactory) -> str:
     """``scripts/image``'s image, imported into the node's containerd (``ctr -n k8s.io images import``)."""
-    engine, env = choose_engine()
-    built = subprocess.run(
-        [str(REPO / "scripts" / "image")], env=env, capture_output=True, text=True, timeout=1200, check=False
-    )
-    if built.returncode == NO_CANNOT_RUN:
-        pytest.fail(f"scripts/image cannot build here: {built.stderr.strip()[-500:]}")
-    assert built.returncode == 0, built.stderr[-6000:]
-    name = built.stdout.strip().splitlines()[-1]
+    try:
+        image = build_image()
+    except CannotBuild as exc:
+        pytest.fail(f"scripts/image cannot build here: {exc}")
     archive = tmp_path_factory.mktemp("image") / "image.tar"
-    save = [engine, "save", "-o", str(archive), name]
-    if engine == "podman":
+    save = [image.engine, "save", "-o", str(archive), image.name]
+    if image.engine == "podman":
         save[2:2] = ["--format", "docker-archive"]
-    subprocess.run(save, env=env, check=True, capture_output=True, timeout=600)
+    subprocess.run(save, env=image.env, check=True, capture_output=True, timeout=600)
     node_cluster.import_image(archive)
     archive.unlink()
-    return name
+    return image.name
 
 
 def readme_steps(dsn: str, image: str) -> list[list[str]]:

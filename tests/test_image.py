@@ -69,17 +69,28 @@ def choose_engine() -> tuple[str, dict[str, str]]:
     return engine, env
 
 
-@pytest.fixture(scope="session")
-def image() -> Image:
+class CannotBuild(Exception):
+    """No container engine can run here (scripts/image said so); the message is its why."""
+
+
+def build_image() -> Image:
+    """``scripts/image``'s image, built with the engine this machine has."""
     engine, env = choose_engine()
     built = subprocess.run(
         [str(REPO / "scripts" / "image")], env=env, capture_output=True, text=True, timeout=1200, check=False
     )
     if built.returncode == NO_CANNOT_RUN:
-        pytest.skip(f"neither podman nor docker can run a container here: {built.stderr.strip()[-500:]}")
+        raise CannotBuild(built.stderr.strip()[-500:])
     assert built.returncode == 0, built.stderr[-6000:]
-    name = built.stdout.strip().splitlines()[-1]
-    return Image(engine, name, env)
+    return Image(engine, built.stdout.strip().splitlines()[-1], env)
+
+
+@pytest.fixture(scope="session")
+def image() -> Image:
+    try:
+        return build_image()
+    except CannotBuild as exc:
+        pytest.skip(f"neither podman nor docker can run a container here: {exc}")
 
 
 @pytest.fixture
