@@ -36,14 +36,12 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import asyncpg
 
 from bench import generator
 from bench.harness import PREFIX, TOKEN, Server, pins, start_postgres
-from workflow_streams.local.postgres import find_bindir, free_port
+from workflow_streams.local.postgres import find_bindir, free_port, migrated_database
 from workflow_streams.local.topologies import ConfiguredPostgres, Partition, PgBouncer, Replication, ServeInNamespace
 from workflow_streams.local.workload import Workload
-from workflow_streams.store.migrate import apply_migrations
 
 DATABASE = "wfs"
 
@@ -146,7 +144,7 @@ async def partition(args: argparse.Namespace) -> None:
         await asyncio.to_thread(pg.init)
         await asyncio.to_thread(pg.start)
         try:
-            dsn = await _database(pg.dsn, pg.dsn_for(DATABASE))
+            dsn = await migrated_database(pg.dsn, DATABASE, pg.dsn_for(DATABASE))
             inside = ServeInNamespace(cut, DATABASE, logs / "inside.log", WFS_TOKENS=json.dumps({TOKEN: "bench"}))
             outside = Server(dsn, logs / "outside.log", workers=1)
             await inside.ready()
@@ -188,7 +186,7 @@ async def failover(args: argparse.Namespace) -> None:
     await asyncio.to_thread(pair.start)
     servers: list[Server] = []
     try:
-        dsn = await _database(pair.primary.dsn, pair.dsn_for(DATABASE))
+        dsn = await migrated_database(pair.primary.dsn, DATABASE, pair.dsn_for(DATABASE))
         servers = [Server(dsn, logs / f"server-{i}.log", workers=1) for i in range(2)]
         for server in servers:
             await server.ready()
@@ -235,7 +233,7 @@ async def chaos(args: argparse.Namespace) -> None:
     servers: list[Server] = []
     faults: dict[str, int] = {}
     try:
-        dsn = await _database(shape.primary.dsn, shape.dsn)
+        dsn = await migrated_database(shape.primary.dsn, DATABASE, shape.dsn)
         servers = [Server(dsn, logs / f"server-{i}.log", workers=1, WFS_DATABASE_TIMEOUT_SECONDS="2") for i in range(2)]
         for server in servers:
             await server.ready()
@@ -353,16 +351,6 @@ def _postgres_pids(cluster: ConfiguredPostgres) -> list[int]:
             if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == postmaster:
                 children.append(int(stat.parent.name))
     return [postmaster, *children]
-
-
-async def _database(admin: str, dsn: str) -> str:
-    conn = await asyncpg.connect(admin)
-    try:
-        await conn.execute(f"CREATE DATABASE {DATABASE}")
-    finally:
-        await conn.close()
-    await apply_migrations(dsn)
-    return dsn
 
 
 async def _until(check: Callable[[], Any], seconds: float) -> None:

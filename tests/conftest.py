@@ -23,9 +23,8 @@ from tests.node import FIGURES, NodeCluster, leftovers, why_unavailable
 from tests.support import TOKENS, StreamsApi
 from workflow_streams.adapters.config import Settings
 from workflow_streams.adapters.objectstore import RegionConfig
-from workflow_streams.local.postgres import LocalPostgres, find_bindir
+from workflow_streams.local.postgres import LocalPostgres, find_bindir, migrated_database
 from workflow_streams.shells.compose import create_app
-from workflow_streams.store.migrate import apply_migrations
 
 # the production shapes (PgBouncer, a standby, a network partition) as fixtures
 pytest_plugins = ["tests.topology_fixtures"]
@@ -69,15 +68,7 @@ def pg() -> Iterator[LocalPostgres]:
     cluster.init()
     cluster.start()
 
-    async def make_template() -> None:
-        conn = await asyncpg.connect(cluster.dsn)
-        try:
-            await conn.execute(f"CREATE DATABASE {TEMPLATE}")
-        finally:
-            await conn.close()
-        await apply_migrations(cluster.dsn_for(TEMPLATE))
-
-    asyncio.run(make_template())
+    asyncio.run(migrated_database(cluster.dsn, TEMPLATE, cluster.dsn_for(TEMPLATE)))
     yield cluster
     cluster.destroy()
 

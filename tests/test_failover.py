@@ -22,9 +22,9 @@ from tests.replica import Replica, running
 from tests.support import pins
 from tests.waiting import eventually
 from workflow_streams import API_PREFIX
+from workflow_streams.local.postgres import migrated_database
 from workflow_streams.local.topologies import Replication
 from workflow_streams.local.workload import Workload
-from workflow_streams.store.migrate import apply_migrations
 
 pytestmark = pytest.mark.slow
 
@@ -35,14 +35,7 @@ TOKEN = "tok-alice"
 @pytest.fixture
 async def dsn(sync_replication: Replication) -> str:
     """A migrated database on the primary (and so on its standby), by the multi-host DSN."""
-    conn = await asyncpg.connect(sync_replication.primary.dsn)
-    try:
-        await conn.execute(f"CREATE DATABASE {DATABASE}")
-    finally:
-        await conn.close()
-    url = sync_replication.dsn_for(DATABASE)
-    await apply_migrations(url)
-    return url
+    return await migrated_database(sync_replication.primary.dsn, DATABASE, sync_replication.dsn_for(DATABASE))
 
 
 @pytest.fixture

@@ -13,16 +13,15 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
-import asyncpg
 import pytest
 
 from tests.replica import Replica
 from tests.support import pins
 from tests.waiting import eventually
 from workflow_streams import API_PREFIX
+from workflow_streams.local.postgres import migrated_database
 from workflow_streams.local.topologies import ConfiguredPostgres, Partition, ServeInNamespace
 from workflow_streams.local.workload import Workload
-from workflow_streams.store.migrate import apply_migrations
 
 pytestmark = pytest.mark.slow
 
@@ -36,12 +35,7 @@ HANG = 30.0
 async def planes(
     partition: Partition, partitioned_pg: ConfiguredPostgres, tmp_path: Path
 ) -> AsyncIterator[tuple[ServeInNamespace, Replica]]:
-    conn = await asyncpg.connect(partitioned_pg.dsn)
-    try:
-        await conn.execute(f"CREATE DATABASE {DATABASE}")
-    finally:
-        await conn.close()
-    await apply_migrations(partitioned_pg.dsn_for(DATABASE))
+    await migrated_database(partitioned_pg.dsn, DATABASE, partitioned_pg.dsn_for(DATABASE))
     inside = ServeInNamespace(
         partition, DATABASE, tmp_path / "inside.log", WFS_DATABASE_TIMEOUT_SECONDS=DEADLINE, WFS_REGION="eu-west-1"
     )

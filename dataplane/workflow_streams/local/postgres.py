@@ -119,3 +119,20 @@ class LocalPostgres:
     def destroy(self) -> None:
         self.stop("immediate")
         shutil.rmtree(self.base_dir, ignore_errors=True)
+
+
+async def migrated_database(admin: str, name: str, dsn: str) -> str:
+    """Database ``name``, made through ``admin`` (a DSN of another database on the same server) and
+    migrated through ``dsn``, the way the data plane reaches it (plainly, by a multi-host DSN, through a
+    pooler); returns ``dsn``."""
+    import asyncpg
+
+    from ..store.migrate import apply_migrations
+
+    conn = await asyncpg.connect(admin)
+    try:
+        await conn.execute(f"CREATE DATABASE {name}")
+    finally:
+        await conn.close()
+    await apply_migrations(dsn)
+    return dsn
