@@ -39,6 +39,9 @@ DS_PREFIX = "/api/durable-streams"
 RUN, STREAM = "catchup", "history"
 RAW_PAGE = 1000
 TS_RECORDS = 100_000
+# passes over the stream of which the ceiling and each case keep the best: a pass is a fraction of a
+# second, and one disturbance on this machine moved it by a fifth
+PASSES = 3
 CLIENTS = Path(__file__).parent / "catchup"  # the npm project of the TS client and reference server
 
 _RAW = (
@@ -73,7 +76,7 @@ async def raw_ceiling(dsn: str, records: int) -> dict[str, float]:
         )
         statement = await conn.prepare(_RAW)
         best = 0.0
-        for _ in range(2):  # the second pass reads a warm cache, as the server's reads do
+        for _ in range(PASSES):  # the first pass warms the cache, as the server's reads are warm
             start, after = time.perf_counter(), 0
             while after < records:
                 rows = await statement.fetch(key, after, RAW_PAGE)
@@ -86,9 +89,10 @@ async def raw_ceiling(dsn: str, records: int) -> dict[str, float]:
 
 async def surface(server: Server, postgres: int, mode: str, records: int, profile: Path | None) -> dict[str, Any]:
     """One case from the generator, with the server's and Postgres' (the tree under ``postgres``) CPU over
-    it. The stream is read once before, unmeasured, as the raw ceiling keeps the better of two passes: a
+    it, from the best of ``PASSES`` as for the raw ceiling. The stream is read once before, unmeasured: a
     whole case is a few requests, and the first ones of a kind paid the server's new connections and
-    their first statements (the case run first measured 0.81-0.86 x, the same case run second 1.18-1.27 x)."""
+    their first statements (the case run first measured 0.81-0.86 x, the same case run second 1.18-1.27
+    x)."""
     base = server.url + (DS_PREFIX if mode.startswith("ds") else PREFIX)
     flags: dict[str, Any] = {"surface": mode, "run": RUN, "stream": STREAM, "until": records}
     if mode == "api":  # a reader catching up asks for large pages (the Python client does)
@@ -103,10 +107,14 @@ async def surface(server: Server, postgres: int, mode: str, records: int, profil
             stderr=subprocess.DEVNULL,
         )
         await asyncio.sleep(1)  # attached
-    cpu, postgres_cpu = server.cpu_seconds(), process_tree_cpu(postgres)
-    report = await generator.run("catchup", base, TOKEN, **flags)
-    report["server_cpu_share"] = round((server.cpu_seconds() - cpu) / report["seconds"], 3)
-    report["postgres_cpu_share"] = round((process_tree_cpu(postgres) - postgres_cpu) / report["seconds"], 3)
+    report: dict[str, Any] = {}
+    for _ in range(PASSES):  # the best pass, as for the raw ceiling
+        cpu, postgres_cpu = server.cpu_seconds(), process_tree_cpu(postgres)
+        run = await generator.run("catchup", base, TOKEN, **flags)
+        run["server_cpu_share"] = round((server.cpu_seconds() - cpu) / run["seconds"], 3)
+        run["postgres_cpu_share"] = round((process_tree_cpu(postgres) - postgres_cpu) / run["seconds"], 3)
+        if not report or run["seconds"] < report["seconds"]:
+            report = run
     if spy is not None:
         spy.send_signal(signal.SIGINT)
         spy.wait(30)
@@ -157,11 +165,23 @@ async def measure(
     dsn = pg.dsn
     await load(server.url, records)
     results: dict[str, Any] = {"records": records, "storage": await storage(dsn)}
-    raw = results["raw_asyncpg"] = await raw_ceiling(dsn, records)
-    print(f"  raw asyncpg, pages of {RAW_PAGE:,}: {raw['records_per_s']:,} records/s", flush=True)
+    before = await raw_ceiling(dsn, records)
     for mode in modes:
         spied = out / f"{mode}.collapsed" if out is not None and profile == mode else None
-        report = results[mode] = await surface(server, postmaster_pid(pg), mode, records, spied)
+        results[mode] = await surface(server, postmaster_pid(pg), mode, records, spied)
+        if spied is not None and spied.exists():
+            print(top_functions(spied))
+    # the ceiling is the better of before and after the cases: whatever disturbed one pass of it (the
+    # checkpoint after the load, autovacuum) does not lower the bar
+    after = await raw_ceiling(dsn, records)
+    raw = results["raw_asyncpg"] = max(before, after, key=lambda r: r["records_per_s"])
+    print(
+        f"  raw asyncpg, pages of {RAW_PAGE:,}: {raw['records_per_s']:,} records/s"
+        f" (before the cases {before['records_per_s']:,}, after {after['records_per_s']:,})",
+        flush=True,
+    )
+    for mode in modes:
+        report = results[mode]
         report["vs_raw"] = round(report["records_per_s"] / raw["records_per_s"], 3)
         print(
             f"  catch-up {mode}: {report['records_per_s']:,.0f} records/s = {report['vs_raw']} x raw asyncpg; "
@@ -169,8 +189,6 @@ async def measure(
             f" postgres {report['postgres_cpu_share']}",
             flush=True,
         )
-        if spied is not None and spied.exists():
-            print(top_functions(spied))
     for live, plain in (("sse", "api"), ("ds-sse", "ds")):
         if live in results and plain in results:
             results[live]["vs_plain"] = round(results[live]["records_per_s"] / results[plain]["records_per_s"], 3)
