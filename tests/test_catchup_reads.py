@@ -5,19 +5,24 @@ JSON rule is domain.media.is_json."""
 from __future__ import annotations
 
 import base64
+import contextlib
+import itertools
 import json
 from typing import Any
 
 import asyncpg
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.support import ALICE, SseReader, StreamsApi
 from workflow_streams.adapters import wire
+from workflow_streams.domain.errors import CursorExpired
 from workflow_streams.domain.media import is_json
-from workflow_streams.runtime.reads import PART_RECORDS
+from workflow_streams.runtime.durability import Durability
+from workflow_streams.runtime.reads import PART_CONNECTIONS, PART_RECORDS, PART_SPARE_KEPT, read_bodies, read_body
 from workflow_streams.store.bodies import Body, Form, fetch_part, plan
-from workflow_streams.store.db import DIRECT
+from workflow_streams.store.db import DIRECT, create_pool
 from workflow_streams.store.reads import fetch_page
 
 BIG = 10**9
@@ -236,3 +241,60 @@ async def test_a_closed_stream_far_behind_closes_only_after_its_last_record(clie
             controls.append(json.loads(event.data))
     assert messages == list(range(1, records + 1))
     assert [bool(c.get("streamClosed")) for c in controls] == [False] * (len(controls) - 1) + [True]
+
+
+async def _long_stream(api: StreamsApi, stream: str, records: int, **definition: Any) -> None:
+    await api.create("r", stream, **definition)
+    for start in range(0, records, 1000):
+        resp = await api.append("r", stream, *[{"n": n} for n in range(start, min(start + 1000, records))])
+        assert resp.status == 201, await resp.text()
+
+
+async def test_a_page_leaves_the_pools_last_connections_to_others(api: StreamsApi, database_url: str) -> None:
+    """A page of many parts reads on more than one connection only with what the pool has to spare beyond
+    PART_SPARE_KEPT, which it leaves to appends and live reads: in a pool that small, on one."""
+    records = 4 * PART_CONNECTIONS * PART_RECORDS  # every lane would still be reading after the first part
+    await _long_stream(api, "narrow", records)
+    pool = await create_pool(database_url, 1, PART_SPARE_KEPT)
+    try:
+        each = read_bodies(pool, Durability(pool), "r", "narrow", 0, "records", max_records=BIG, max_bytes=BIG)
+        async with contextlib.aclosing(each):
+            got = [await anext(each)]
+            assert pool.spare() == PART_SPARE_KEPT - 1
+            got += [body async for body in each]
+        assert got[-1].next_after == records
+        values = json.loads(b"[" + b",".join(body.joined() for body in got) + b"]")
+        assert [r["data"]["n"] for r in values] == list(range(records))
+    finally:
+        await pool.close()
+
+
+async def test_a_page_pruned_part_way_ends_where_what_was_given_out_ends(
+    api: StreamsApi, db: asyncpg.Connection, database_url: str
+) -> None:
+    """Records pruned while a catch-up page is read, after its first part was given out: what was given
+    out stands and the page ends there, whole records in order; reading on says they are gone (410)."""
+    from workflow_streams.store.retention import prune_stream
+
+    records = 20 * PART_RECORDS
+    await _long_stream(api, "shrinking", records, retention={"max_records": 100})
+    pool = await create_pool(database_url, 1, 1)  # one lane: it reads the parts one after another
+    try:
+        durability = Durability(pool)
+        each = read_bodies(pool, durability, "r", "shrinking", 0, "records", max_records=BIG, max_bytes=BIG)
+        async with contextlib.aclosing(each):
+            got = [await anext(each)]
+            # the lane is reading the next part or two: it waits for the lock, then finds the records gone
+            async with db.transaction():
+                await db.execute("LOCK TABLE wfs_records IN ACCESS EXCLUSIVE MODE")
+                assert await prune_stream(db, "r", "shrinking") == records - 100
+            got += [body async for body in each]
+        assert all(later.after == earlier.next_after for earlier, later in itertools.pairwise(got))
+        given = got[-1].next_after
+        assert PART_RECORDS <= given < records - 100 and given % PART_RECORDS == 0
+        values = json.loads(b"[" + b",".join(body.joined() for body in got) + b"]")
+        assert [r["sequence"] for r in values] == list(range(1, given + 1))
+        with pytest.raises(CursorExpired):
+            await read_body(pool, durability, "r", "shrinking", given, "records", max_records=BIG, max_bytes=BIG)
+    finally:
+        await pool.close()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import asyncpg
 from aiohttp import web
 
@@ -16,9 +18,10 @@ from ..domain.records import parse_append_body
 from ..runtime.group_commit import append_records
 from ..runtime.holds import apply_legal_hold
 from ..runtime.publish import committed
-from ..runtime.reads import read_body
+from ..runtime.reads import read_bodies
 from ..store import consumers, definitions, deliveries, streams
 from ..store.appends import AppendRequest
+from ..store.bodies import Body
 from .common import (
     JSON_HEADERS,
     STREAM,
@@ -93,13 +96,16 @@ async def append(request: web.Request) -> web.Response:
 
 
 @routes.get(STREAM + "/records")
-async def read(request: web.Request) -> web.Response:
+async def read(request: web.Request) -> web.StreamResponse:
+    """A page of records assembled by Postgres (``runtime.reads.read_bodies``). A page of one part is
+    answered whole, with its length; a larger one (a reader catching up asks for pages of megabytes) is
+    written part by part as Postgres writes the next, so neither waits for the other. Such a page may end
+    early (records pruned, the database lost part-way): its ``next_after`` says where to go on."""
     app = state_of(request)
     principal = await principal_of(request)
     run_id, stream_id = stream_key(request)
     after = parse_cursor(request.query.get("after"))
-    # the page comes assembled by Postgres (store.bodies): a reader catching up asks for large ones
-    body = await read_body(
+    each = read_bodies(
         app.pool,
         app.durability,
         run_id,
@@ -111,9 +117,34 @@ async def read(request: web.Request) -> web.Response:
         caller=principal,
         client_region=client_region_of(request),
     )
+    async with contextlib.aclosing(each):
+        body = await anext(each)  # refusals (rights, cursors) come before anything is written
+        more = await anext(each, None)
+        if more is None:
+            metrics.READ_RECORDS.inc(body.count)
+            data = body.joined(wire.PAGE_HEAD, wire.page_tail(body.next_after, body.bounds, body.closed))
+            return compressible(web.Response(body=data, headers=JSON_HEADERS))
+        response = web.StreamResponse(headers=JSON_HEADERS)
+        response.enable_compression()  # if the request's Accept-Encoding asks for it
+        await response.prepare(request)
+        await response.write(wire.PAGE_HEAD)
+        await _write_records(response, body)
+        last = more
+        await _write_records(response, more, body.separator)
+        async for last in each:
+            await _write_records(response, last, last.separator)
+        await response.write(wire.page_tail(last.next_after, last.bounds, last.closed))
+        await response.write_eof()
+        return response
+
+
+async def _write_records(response: web.StreamResponse, body: Body, before: bytes = b"") -> None:
+    """A body's records, each part as Postgres joined it (not copied into one value), after ``before``."""
     metrics.READ_RECORDS.inc(body.count)
-    data = body.joined(wire.PAGE_HEAD, wire.page_tail(body.next_after, body.bounds, body.closed))
-    return compressible(web.Response(body=data, headers=JSON_HEADERS))
+    for part in body.parts:
+        await response.write(before)
+        await response.write(part.data)
+        before = body.separator
 
 
 @routes.post("/runs/{run_id}/streams")

@@ -31,11 +31,11 @@ from ..adapters import metrics
 from ..domain.authz import Action, Caller
 from ..domain.errors import StreamError, StreamNotFound, TooManySubscriptions
 from ..store import db, gaps, streams
-from ..store.bodies import Body, Form, PageChanged, Plan
+from ..store.bodies import Body, Form, Plan
 from ..store.db import DB_UNAVAILABLE
 from .durability import Durability
 from .fanout import Fanout
-from .reads import SharedPage, SharedReads, plan_read, read_page, read_parts
+from .reads import ENDS_A_PAGE, SharedPage, SharedReads, plan_read, read_page, read_parts
 from .retries import BACKOFF
 from .supervisor import Supervisor
 from .wakes import Wake, WakeHub
@@ -44,8 +44,6 @@ log = logging.getLogger(__name__)
 
 R = TypeVar("R")
 
-# what ends a catch-up page early, once some of it may be written: its records pruned, the database lost
-_ENDS_A_PAGE: tuple[type[BaseException], ...] = (PageChanged, *DB_UNAVAILABLE)
 
 # Records per read of a follower's fan-out: a live page is what one wake brought, rarely more. A reader
 # further behind than this reads catch-up bodies (store.bodies) of up to CATCH_UP_BYTES instead.
@@ -401,7 +399,7 @@ class Live:
             while True:
                 try:
                     part = await anext(parts, None)
-                except _ENDS_A_PAGE as exc:
+                except ENDS_A_PAGE as exc:
                     log.info("catch-up page after %d ended early (%r); reading on", last, exc)
                     return last
                 if part is None:

@@ -15,6 +15,8 @@ from __future__ import annotations
 import asyncio
 import bisect
 import contextlib
+import dataclasses
+import logging
 from collections.abc import AsyncGenerator, Callable, Hashable
 from typing import TypeVar
 
@@ -22,11 +24,13 @@ from ..domain.authz import Action, Caller
 from ..domain.errors import StreamError
 from ..store import bodies, reads
 from ..store.bodies import Body, Form, Part, Plan
-from ..store.db import Pool
+from ..store.db import DB_UNAVAILABLE, Pool
 from ..store.reads import Page, PageKey, fetch_pages
 from .batches import Batches
 from .durability import Durability
 from .wakes import WakeHub
+
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 R = TypeVar("R", Page, Plan)
@@ -273,25 +277,30 @@ async def plan_read(
 
 
 # records of one part of a catch-up page (Postgres joins a part into one value, and larger values cost
-# it more a record), and the connections that read a page's parts: two, so that Postgres writes one part
-# while this process takes in the other (figures: bench/README.md, constants)
+# it more a record), and the connections that read a page's parts: up to three, so that Postgres writes
+# parts on both cores while this process takes in and hands on the ones before (figures: bench/README.md,
+# constants). Only the first is waited for: the others are taken only from what the pool has to spare
+# beyond PART_SPARE_KEPT, which a catch-up leaves to appends and live reads.
 PART_RECORDS = 2048
-PART_CONNECTIONS = 2
+PART_CONNECTIONS = 3
+PART_SPARE_KEPT = 4
 
 
 async def read_parts(pool: Pool, page: Plan, form: Form) -> AsyncGenerator[Part, None]:
     """The planned page's records in ``form``, part by part (``PART_RECORDS`` each) in sequence order, read
-    on ``PART_CONNECTIONS`` connections taking turns while the parts before are handed on. Records, once
-    written, never change, so the parts need no common snapshot; a part whose records are gone (pruned
-    since the plan) raises ``PageChanged``. Close it (``contextlib.aclosing``) to stop the reading early."""
+    on up to ``PART_CONNECTIONS`` connections taking turns while the parts before are handed on. Records,
+    once written, never change, so the parts need no common snapshot; a part whose records are gone
+    (pruned since the plan) raises ``PageChanged``. Close it (``contextlib.aclosing``) to stop the reading
+    early."""
     until = pool.deadline()
     firsts = range(page.after + 1, page.end + 1, PART_RECORDS)
     ranges = [(first, min(first + PART_RECORDS - 1, page.end)) for first in firsts]
     loop = asyncio.get_running_loop()
     parts: list[asyncio.Future[Part]] = [loop.create_future() for _ in ranges]
+    width = min(len(ranges), max(1, min(PART_CONNECTIONS, 1 + pool.spare() - PART_SPARE_KEPT)))
 
     async def take_turns(lane: int) -> None:
-        mine = range(lane, len(ranges), PART_CONNECTIONS)
+        mine = range(lane, len(ranges), width)
         try:
             async with pool.acquire(until=until) as conn:
                 for i in mine:
@@ -301,7 +310,7 @@ async def read_parts(pool: Pool, page: Plan, form: Form) -> AsyncGenerator[Part,
                 if not parts[i].done():
                     parts[i].set_exception(exc)
 
-    lanes = [asyncio.create_task(take_turns(lane)) for lane in range(min(PART_CONNECTIONS, len(ranges)))]
+    lanes = [asyncio.create_task(take_turns(lane)) for lane in range(width)]
     try:
         for part in parts:
             yield await part
@@ -312,6 +321,65 @@ async def read_parts(pool: Pool, page: Plan, form: Form) -> AsyncGenerator[Part,
         for part in parts:  # an error nobody waited for is not an unretrieved one
             if part.done() and not part.cancelled():
                 part.exception()
+
+
+# what ends a catch-up page early once some of it is given out: its records pruned, the database lost
+ENDS_A_PAGE: tuple[type[BaseException], ...] = (bodies.PageChanged, *DB_UNAVAILABLE)
+
+
+async def read_bodies(
+    pool: Pool,
+    durability: Durability,
+    run_id: str,
+    stream_id: str,
+    after: int,
+    form: Form,
+    *,
+    max_records: int,
+    max_bytes: int,
+    caller: Caller | None = None,
+    right: Action = "read",
+    client_region: str | None = None,
+) -> AsyncGenerator[Body, None]:
+    """A catch-up page assembled by Postgres (``store.bodies``) as it is read: a body a part, in order
+    (one empty body when nothing follows the cursor), each ending where the next begins, so a reader
+    writes the first while Postgres writes the rest. Until the first part is read nothing is given out:
+    a page whose records were pruned meanwhile is planned again, which answers with the stream as it is
+    now (410 for a pruned cursor). Once a body is given out, records pruned or the database lost end the
+    page early: the last body's ``next_after`` is where its reader goes on. Close it
+    (``contextlib.aclosing``) to stop the reading early."""
+    for attempt in range(2):
+        page = await plan_read(
+            pool,
+            durability,
+            run_id,
+            stream_id,
+            after,
+            max_records=max_records,
+            max_bytes=max_bytes,
+            caller=caller,
+            right=right,
+            client_region=client_region,
+        )
+        async with contextlib.aclosing(read_parts(pool, page, form)) as parts:
+            try:
+                part = await anext(parts, None)
+            except bodies.PageChanged:
+                if attempt:
+                    raise
+                continue
+            body = page.body(form, [] if part is None else [part])
+            yield body
+            while part is not None:
+                try:
+                    part = await anext(parts, None)
+                except ENDS_A_PAGE as exc:
+                    log.info("catch-up page of %s/%s ended early at %d (%r)", run_id, stream_id, body.next_after, exc)
+                    return
+                if part is not None:
+                    body = page.body(form, [part], after=body.next_after)
+                    yield body
+            return
 
 
 async def read_body(
@@ -328,29 +396,24 @@ async def read_body(
     right: Action = "read",
     client_region: str | None = None,
 ) -> Body:
-    """A catch-up page assembled by Postgres (``store.bodies``), whole, as it may be served
-    (``plan_read``, then ``read_parts``); a page whose records were pruned while it was read is planned
-    again, which answers with the stream as it is now (410 for a pruned cursor)."""
-    for attempt in range(2):
-        page = await plan_read(
-            pool,
-            durability,
-            run_id,
-            stream_id,
-            after,
-            max_records=max_records,
-            max_bytes=max_bytes,
-            caller=caller,
-            right=right,
-            client_region=client_region,
-        )
-        try:
-            async with contextlib.aclosing(read_parts(pool, page, form)) as parts:
-                return page.body(form, [part async for part in parts])
-        except bodies.PageChanged:
-            if attempt:
-                raise
-    raise AssertionError("not reached")
+    """A catch-up page whole (``read_bodies``, its bodies taken together), for a response that states
+    where the page ends before its records."""
+    each = read_bodies(
+        pool,
+        durability,
+        run_id,
+        stream_id,
+        after,
+        form,
+        max_records=max_records,
+        max_bytes=max_bytes,
+        caller=caller,
+        right=right,
+        client_region=client_region,
+    )
+    async with contextlib.aclosing(each):
+        got = [body async for body in each]
+    return dataclasses.replace(got[-1], after=after, parts=[part for body in got for part in body.parts])
 
 
 async def _served(durability: Durability, run_id: str, stream_id: str, read: R, until: float) -> R:

@@ -365,6 +365,13 @@ class Pool:
     async def release(self, conn: asyncpg.Connection) -> None:
         await self._pool.release(conn)
 
+    def spare(self) -> int:
+        """Connections that can be taken now without waiting for a holder to give one back: the idle
+        ones, and those the pool has yet to open."""
+        pool = self._pool
+        spare: int = pool.get_idle_size() + pool.get_max_size() - pool.get_size()
+        return spare
+
     async def replace_connections(self) -> None:
         """After a connection of this pool was found lost, and before trying again: every connection
         open now is replaced when it is next taken (or closed when given back).
