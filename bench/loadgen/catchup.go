@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"flag"
 	"fmt"
@@ -69,7 +68,7 @@ func runCatchup(args []string) error {
 	case "api", "ds":
 		err = pages(*mode, get, recordsURL, streamURL, *limit, *maxBytes, *until, &out)
 	case "sse":
-		err = events(get, fmt.Sprintf("%s/runs/%s/streams/%s/subscribe?after=0", base2, *run, *stream), "id: ", *until, &out)
+		err = events(get, fmt.Sprintf("%s/runs/%s/streams/%s/subscribe?after=0", base2, *run, *stream), "\nid: ", *until, &out)
 	case "ds-sse":
 		err = events(get, streamURL+"?offset=-1&live=sse", `"streamNextOffset":"`, *until, &out)
 	default:
@@ -159,7 +158,7 @@ func tailOf(r io.Reader, chunk []byte) ([]byte, int64, error) {
 	}
 }
 
-// events reads one event stream until a line starting with marker carries a position >= until.
+// events reads one event stream until a marker (which may begin with a newline) carries a position >= until.
 func events(get func(string) (*http.Response, error), url, marker string, until int64, out *catchupReport) error {
 	resp, err := get(url)
 	if err != nil {
@@ -167,29 +166,44 @@ func events(get func(string) (*http.Response, error), url, marker string, until 
 	}
 	defer resp.Body.Close()
 	out.Requests = 1
-	lines := bufio.NewReaderSize(resp.Body, 1<<20)
+	// Only the newest position matters, so each read is searched once, backwards, for the last marker
+	// followed by its whole number: a reader of a million events a second must not parse every line
+	// (reading line by line cost this process 0.23 cores beside a server of 0.35).
+	buf := make([]byte, 1<<20)
+	buf[0] = '\n' // as if a line ended before the stream: a marker may begin with a line's start
+	carry := 1    // the tail of the read before, where a marker may have been cut
 	for {
-		line, err := lines.ReadSlice('\n')
-		if err == bufio.ErrBufferFull {
-			out.Bytes += int64(len(line))
-			continue // a long data line: only its bytes count
+		n, err := resp.Body.Read(buf[carry:])
+		out.Bytes += int64(n)
+		data := buf[:carry+n]
+		if position, ok := lastPosition(data, []byte(marker)); ok && position >= until {
+			return nil
 		}
+		carry = copy(buf, data[max(0, len(data)-64):])
 		if err != nil {
 			return fmt.Errorf("the event stream ended before %d: %w", until, err)
 		}
-		out.Bytes += int64(len(line))
-		at := bytes.Index(line, []byte(marker))
-		if at < 0 || at > 16 {
-			continue
-		}
-		digits := line[at+len(marker):]
-		end := 0
-		for end < len(digits) && digits[end] >= '0' && digits[end] <= '9' {
-			end++
-		}
-		position, err := strconv.ParseInt(string(digits[:end]), 10, 64)
-		if err == nil && position >= until {
-			return nil
-		}
 	}
+}
+
+// lastPosition is the number after the last marker in data that a non-digit ends (a number cut by the
+// end of data is not whole yet).
+func lastPosition(data, marker []byte) (int64, bool) {
+	for end := len(data); end > 0; {
+		at := bytes.LastIndex(data[:end], marker)
+		if at < 0 {
+			return 0, false
+		}
+		digits := data[at+len(marker):]
+		i := 0
+		for i < len(digits) && digits[i] >= '0' && digits[i] <= '9' {
+			i++
+		}
+		if i > 0 && i < len(digits) {
+			position, err := strconv.ParseInt(string(digits[:i]), 10, 64)
+			return position, err == nil
+		}
+		end = at
+	}
+	return 0, false
 }
