@@ -20,7 +20,7 @@ from workflow_streams.adapters import wire
 from workflow_streams.domain.errors import CursorExpired
 from workflow_streams.domain.media import is_json
 from workflow_streams.runtime.durability import Durability
-from workflow_streams.runtime.reads import PART_CONNECTIONS, PART_RECORDS, PART_SPARE_KEPT, read_bodies, read_body
+from workflow_streams.runtime.reads import PART_CONNECTIONS, PART_RECORDS, PART_SPARE_KEPT, read_bodies, whole
 from workflow_streams.store.bodies import Body, Form, fetch_part, plan
 from workflow_streams.store.db import DIRECT, create_pool
 from workflow_streams.store.reads import fetch_page
@@ -295,6 +295,6 @@ async def test_a_page_pruned_part_way_ends_where_what_was_given_out_ends(
         values = json.loads(b"[" + b",".join(body.joined() for body in got) + b"]")
         assert [r["sequence"] for r in values] == list(range(1, given + 1))
         with pytest.raises(CursorExpired):
-            await read_body(pool, durability, "r", "shrinking", given, "records", max_records=BIG, max_bytes=BIG)
+            await whole(read_bodies(pool, durability, "r", "shrinking", given, "records", max_records=BIG, max_bytes=9))
     finally:
         await pool.close()

@@ -347,7 +347,7 @@ async def read_bodies(
     a page whose records were pruned meanwhile is planned again, which answers with the stream as it is
     now (410 for a pruned cursor). Once a body is given out, records pruned or the database lost end the
     page early: the last body's ``next_after`` is where its reader goes on. Close it
-    (``contextlib.aclosing``) to stop the reading early."""
+    (``contextlib.aclosing``) to stop the reading early; ``whole`` takes a page's bodies together."""
     for attempt in range(2):
         page = await plan_read(
             pool,
@@ -382,38 +382,12 @@ async def read_bodies(
             return
 
 
-async def read_body(
-    pool: Pool,
-    durability: Durability,
-    run_id: str,
-    stream_id: str,
-    after: int,
-    form: Form,
-    *,
-    max_records: int,
-    max_bytes: int,
-    caller: Caller | None = None,
-    right: Action = "read",
-    client_region: str | None = None,
-) -> Body:
-    """A catch-up page whole (``read_bodies``, its bodies taken together), for a response that states
-    where the page ends before its records."""
-    each = read_bodies(
-        pool,
-        durability,
-        run_id,
-        stream_id,
-        after,
-        form,
-        max_records=max_records,
-        max_bytes=max_bytes,
-        caller=caller,
-        right=right,
-        client_region=client_region,
-    )
-    async with contextlib.aclosing(each):
-        got = [body async for body in each]
-    return dataclasses.replace(got[-1], after=after, parts=[part for body in got for part in body.parts])
+async def whole(bodies: AsyncGenerator[Body, None]) -> Body:
+    """A page's bodies (``read_bodies``) taken together, for a response that states where the page ends
+    before its records."""
+    async with contextlib.aclosing(bodies):
+        got = [body async for body in bodies]
+    return dataclasses.replace(got[-1], after=got[0].after, parts=[part for body in got for part in body.parts])
 
 
 async def _served(durability: Durability, run_id: str, stream_id: str, read: R, until: float) -> R:

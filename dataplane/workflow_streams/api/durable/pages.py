@@ -40,7 +40,7 @@ async def read_records(
 ) -> Body:
     """The records after ``after`` in the stream's form, as far as they are durable, for ``principal``
     (checked again on the row: the stream may have been made again under its name since ``meta``)."""
-    return await runtime_reads.read_body(
+    each = runtime_reads.read_bodies(
         app.pool,
         app.durability,
         meta.run_id,
@@ -53,6 +53,7 @@ async def read_records(
         right=right,
         client_region=client_region,
     )
+    return await runtime_reads.whole(each)
 
 
 def body_response(
