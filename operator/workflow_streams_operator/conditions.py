@@ -29,7 +29,3 @@ def set_condition(
         "lastTransitionTime": stamp if changed or previous is None else previous.get("lastTransitionTime", stamp),
     }
     return [c for c in conditions if c.get("type") != type_] + [condition]
-
-
-def is_true(conditions: list[dict[str, Any]], type_: str) -> bool:
-    return any(c.get("type") == type_ and c.get("status") == "True" for c in conditions)

@@ -100,10 +100,6 @@ class Offset:
     after: int | None
     is_now: bool = False
 
-    @property
-    def is_start(self) -> bool:
-        return self.after is None and not self.is_now
-
     def resolve(self, earliest: int, latest: int) -> int:
         """The exclusive cursor: the start of the retained records for ``-1`` (a reader that asks for the
         beginning gets what is left, not 410), the last record for ``now``."""
@@ -196,10 +192,6 @@ def stream_key(name: str, default_run_id: str) -> tuple[str, str]:
     if len(parts) == 2:
         return check_id("run_id", parts[0]), check_id("stream_id", parts[1])
     raise InvalidInput("a stream name is <stream> or <run_id>/<stream>", field="name")
-
-
-def stream_name(run_id: str, stream_id: str, default_run_id: str) -> str:
-    return stream_id if run_id == default_run_id else f"{run_id}/{stream_id}"
 
 
 # --- content types -------------------------------------------------------------------------------

@@ -148,8 +148,3 @@ async def due_now(conn: asyncpg.Connection) -> dt.datetime:
     due again while it runs wait for the next sweep and a sweep always ends."""
     value: dt.datetime = await conn.fetchval("SELECT now()")
     return value
-
-
-async def count_due(conn: asyncpg.Connection) -> int:
-    """Streams due now (through the due index): for the benchmark and the metrics sampler."""
-    return int(await conn.fetchval("SELECT count(*) FROM wfs_streams WHERE next_prune_at <= now()"))
