@@ -10,6 +10,7 @@ import uuid
 from aiohttp import web
 
 from ..adapters.objectstore import ObjectStore
+from ..domain.authz import Access
 from ..domain.errors import FutureCursor, InvalidInput, NotAnObject, NotFound, ObjectRegionUnavailable
 from ..domain.objects import byte_range, parse_prepare, repr_digest, served_content_type
 from ..runtime.group_commit import with_credit_wait
@@ -166,8 +167,7 @@ async def download(request: web.Request) -> web.StreamResponse:
             stream_id,
             sequence - 1,
             1,
-            caller=principal,
-            client_region=client_region_of(request),
+            access=Access(principal, "read", client_region_of(request)),
         )
     except FutureCursor as exc:
         raise NotFound(f"no record {sequence} in the stream", latest=exc.extra.get("latest")) from None

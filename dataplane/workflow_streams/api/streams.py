@@ -8,7 +8,7 @@ import asyncpg
 from aiohttp import web
 
 from ..adapters import metrics, wire
-from ..domain.authz import Action, Principal
+from ..domain.authz import Access, Action, Principal
 from ..domain.cursor import parse_cursor
 from ..domain.errors import InvalidInput, NotAnInputStream
 from ..domain.ids import check_id
@@ -51,7 +51,7 @@ async def _input_stream(
 ) -> None:
     """Only input streams have deliveries; asked of an output stream, say so instead of answering zeros.
     The loader checks the caller's right on the row first (the one rights check of these handlers)."""
-    stream = await streams.load(conn, run_id, stream_id, caller=principal, right=right)
+    stream = await streams.load(conn, run_id, stream_id, access=Access(principal, right))
     if stream.pins.direction != "input":
         raise NotAnInputStream(
             f"{stream.stream_id} is an {stream.pins.direction} stream; only input streams have deliveries"
@@ -114,8 +114,7 @@ async def read(request: web.Request) -> web.StreamResponse:
         "records",
         max_records=_limit(request, MAX_READ_RECORDS),
         max_bytes=_count(request, "max_bytes", DEFAULT_READ_BYTES, MAX_READ_BYTES),
-        caller=principal,
-        client_region=client_region_of(request),
+        access=Access(principal, "read", client_region_of(request)),
     )
     async with contextlib.aclosing(each):
         body = await anext(each)  # refusals (rights, cursors) come before anything is written

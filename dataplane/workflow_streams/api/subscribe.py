@@ -10,6 +10,7 @@ import asyncio
 from aiohttp import web
 
 from ..adapters import wire
+from ..domain.authz import Access
 from ..domain.cursor import parse_cursor
 from ..domain.errors import InvalidInput, StreamError
 from ..runtime.live import Delivery
@@ -85,7 +86,7 @@ async def subscribe(request: web.Request) -> web.StreamResponse:
     async with live.watch(principal.name, run_id, stream_id) as wake:
         # the first read validates cursor and rights, so errors are ordinary HTTP responses
         shared = await live.first_page(
-            run_id, stream_id, after, PAGE, principal, "subscribe", client_region_of(request)
+            run_id, stream_id, after, PAGE, Access(principal, "subscribe", client_region_of(request))
         )
         encoder = RecordEvents()
         backfill = encoder.start(shared, after)

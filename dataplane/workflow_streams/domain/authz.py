@@ -35,6 +35,17 @@ class Trusted:
 Caller = Principal | Trusted
 
 
+@dataclass(frozen=True)
+class Access:
+    """What an entry point checks on the stream it acts on, before anything else is decided: ``caller``
+    holds ``right``, and a caller that takes data out (``client_region`` given) does so from one of the
+    stream's client-egress regions (``store.streams.authorize``)."""
+
+    caller: Caller
+    right: Right = "see"
+    client_region: str | None = None
+
+
 def matching_subject(authorization: Authorization, principal: Principal, action: Action) -> str | None:
     """The pinned subject that grants ``action`` to ``principal``, if any: the reason for a decision."""
     subjects = getattr(authorization, action)

@@ -28,7 +28,7 @@ from typing import NamedTuple, Protocol, TypeVar
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type
 
 from ..adapters import metrics
-from ..domain.authz import Action, Caller
+from ..domain.authz import Access
 from ..domain.errors import StreamError, StreamNotFound, TooManySubscriptions
 from ..store import db, gaps, streams
 from ..store.bodies import Body, Form, Plan
@@ -227,9 +227,7 @@ class Live:
         stream_id: str,
         after: int,
         limit: int,
-        caller: Caller,
-        right: Action,
-        client_region: str | None,
+        access: Access,
     ) -> SharedPage:
         """The backfill, shared with connections at the same cursor (a burst of connections is one read
         per stream), then authorized for this caller. A read that fails is repeated unshared with the
@@ -247,13 +245,11 @@ class Live:
                 stream_id,
                 after,
                 limit,
-                caller=caller,
-                right=right,
-                client_region=client_region,
+                access=access,
             )
             raise  # not reached unless the stream changed between the two reads
         # what a read checks first, checked here on the shared page's pins
-        streams.authorize(shared.page.pins, caller, right, client_region)
+        streams.authorize(shared.page.pins, access)
         return shared
 
     async def next_page(

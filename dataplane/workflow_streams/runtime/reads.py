@@ -20,7 +20,7 @@ import logging
 from collections.abc import AsyncGenerator, Callable, Hashable
 from typing import TypeVar
 
-from ..domain.authz import Action, Caller
+from ..domain.authz import Access
 from ..domain.errors import StreamError
 from ..store import bodies, reads
 from ..store.bodies import Body, Form, Part, Plan
@@ -230,17 +230,13 @@ async def read_page(
     after: int,
     limit: int,
     *,
-    caller: Caller | None = None,
-    right: Action = "read",
-    client_region: str | None = None,
+    access: Access | None = None,
 ) -> Page:
-    """One caller's page (``store.reads.fetch_page``: with ``caller``, its rights first), as it may be
+    """One caller's page (``store.reads.fetch_page``: with ``access``, checked first), as it may be
     served: only what is as durable as an acknowledged append (``runtime.durability``)."""
     until = pool.deadline()  # the read and its confirmation, together
     async with pool.acquire(until=until) as conn:
-        page = await reads.fetch_page(
-            conn, run_id, stream_id, after, limit, caller=caller, right=right, client_region=client_region
-        )
+        page = await reads.fetch_page(conn, run_id, stream_id, after, limit, access=access)
     return await _served(durability, run_id, stream_id, page, until)
 
 
@@ -253,9 +249,7 @@ async def plan_read(
     *,
     max_records: int,
     max_bytes: int,
-    caller: Caller | None = None,
-    right: Action = "read",
-    client_region: str | None = None,
+    access: Access | None = None,
 ) -> Plan:
     """A catch-up page planned (``store.bodies.plan``: rights, the cursor, where the page ends), ending
     where what it holds may be served: the records it names exist when it is planned, so a durability
@@ -269,9 +263,7 @@ async def plan_read(
             after,
             max_records=max_records,
             max_bytes=max_bytes,
-            caller=caller,
-            right=right,
-            client_region=client_region,
+            access=access,
         )
     return await _served(durability, run_id, stream_id, page, until)
 
@@ -337,9 +329,7 @@ async def read_bodies(
     *,
     max_records: int,
     max_bytes: int,
-    caller: Caller | None = None,
-    right: Action = "read",
-    client_region: str | None = None,
+    access: Access | None = None,
 ) -> AsyncGenerator[Body, None]:
     """A catch-up page assembled by Postgres (``store.bodies``) as it is read: a body a part, in order
     (one empty body when nothing follows the cursor), each ending where the next begins, so a reader
@@ -357,9 +347,7 @@ async def read_bodies(
             after,
             max_records=max_records,
             max_bytes=max_bytes,
-            caller=caller,
-            right=right,
-            client_region=client_region,
+            access=access,
         )
         async with contextlib.aclosing(read_parts(pool, page, form)) as parts:
             try:

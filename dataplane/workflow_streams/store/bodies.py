@@ -22,7 +22,7 @@ from typing import Literal
 
 import asyncpg
 
-from ..domain.authz import Action, Caller
+from ..domain.authz import Access
 from ..domain.cursor import Bounds, check_cursor
 from ..domain.pins import StreamPins
 from ..domain.records import DEFAULT_CONTENT_TYPE
@@ -238,15 +238,13 @@ async def plan(
     *,
     max_records: int,
     max_bytes: int,
-    caller: Caller | None = None,
-    right: Action = "read",
-    client_region: str | None = None,
+    access: Access | None = None,
 ) -> Plan:
     """The page of records with sequence > after: at most ``max_records`` and ``max_bytes`` of their
-    stored sizes (at least one record). With ``caller``, its right and region are checked on the stream's
-    row first, as ``reads.fetch_page`` does; a cursor past the latest or pruned is refused here."""
+    stored sizes (at least one record). With ``access``, it is checked on the stream's row first, as
+    ``reads.fetch_page`` does; a cursor past the latest or pruned is refused here."""
     head = await conn.fetchrow(_PLAN, run_id, stream_id, after, max_records, max_bytes)
-    stream = streams.checked(head, caller, right, client_region)
+    stream = streams.checked(head, access)
     assert head is not None  # checked raises for a missing stream
     bounds = Bounds(earliest=stream.earliest_sequence, latest=stream.last_sequence)
     check_cursor(after, bounds)

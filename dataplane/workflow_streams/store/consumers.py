@@ -6,7 +6,7 @@ from typing import Any
 
 import asyncpg
 
-from ..domain.authz import Principal
+from ..domain.authz import Access, Principal
 from ..domain.errors import AckRegression, ConsumerScopeMismatch, FutureAck
 from ..domain.wakes import Changed, acked
 from . import db, streams
@@ -24,7 +24,7 @@ async def ack(
     Blocked appenders are woken once it commits (also when a new consumer registers: the credit rule
     counts from the slowest consumer)."""
     async with db.transaction(conn):
-        stream = await streams.load(conn, run_id, stream_id, caller=principal, right="ack")
+        stream = await streams.load(conn, run_id, stream_id, access=Access(principal, "ack"))
         if sequence > stream.last_sequence:
             raise FutureAck(
                 f"sequence {sequence} is past the latest sequence {stream.last_sequence}",

@@ -12,7 +12,7 @@ from typing import Any
 
 import asyncpg
 
-from ..domain.authz import Caller, permits
+from ..domain.authz import Access, Caller, permits
 from ..domain.errors import Forbidden, PinsConflict, StreamHeld
 from ..domain.pins import StreamPins
 from ..domain.wakes import Changed, records_changed
@@ -119,7 +119,7 @@ async def create_definition(
 async def get_stream(
     conn: asyncpg.Connection, run_id: str, stream_id: str, caller: Caller
 ) -> tuple[Definition, StreamState]:
-    stream = await streams.load(conn, run_id, stream_id, caller=caller, right="see")
+    stream = await streams.load(conn, run_id, stream_id, access=Access(caller))
     return _definition(stream), await _state(conn, stream)
 
 
@@ -158,7 +158,7 @@ async def close_stream(conn: asyncpg.Connection, run_id: str, stream_id: str, ca
     """Close the stream (idempotent): appends are refused from now on, and followers drain what it
     holds and then see the close, once this commits."""
     async with db.transaction(conn):
-        stream = await streams.load(conn, run_id, stream_id, lock=True, caller=caller, right="close")
+        stream = await streams.load(conn, run_id, stream_id, lock=True, access=Access(caller, "close"))
         if stream.closed_at is None:
             row = await conn.fetchrow(
                 f"""UPDATE wfs_streams SET closed_at = now(), closed_by = $3
@@ -184,7 +184,7 @@ async def set_legal_hold(
     active. ``caller`` needs the ``legal_hold`` right (the operator passes ``Trusted``: Kubernetes RBAC
     on StreamLegalHold objects authorized it)."""
     async with db.transaction(conn):
-        stream = await streams.load(conn, run_id, stream_id, lock=True, caller=caller, right="legal_hold")
+        stream = await streams.load(conn, run_id, stream_id, lock=True, access=Access(caller, "legal_hold"))
         if enabled:
             await conn.execute(
                 """INSERT INTO wfs_legal_holds (run_id, stream_id, hold_id, reason, held_by)
@@ -231,7 +231,7 @@ async def delete_stream(
         stream = await streams.find(conn, run_id, stream_id, lock=True)
         if stream is None:
             return Changed([])
-        stream.authorize(caller, "close")
+        stream.authorize(Access(caller, "close"))
         if await conn.fetchval(_HELD, run_id, stream_id):
             holds = len(await _active_holds(conn, run_id, stream_id))  # for the answer only
             raise StreamHeld(f"{holds} legal hold(s) exist; the stream cannot be deleted", holds=holds)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import asyncpg
 
-from ..domain.authz import Caller, Principal, Right, Trusted, may_see
+from ..domain.authz import Access, Caller, Principal, Trusted, may_see
 from ..domain.durable import (
     ConfigConflict,
     ContentTypeMismatch,
@@ -179,16 +179,14 @@ async def load(
     run_id: str,
     stream_id: str,
     *,
-    caller: Caller | None = None,
-    right: Right = "see",
-    client_region: str | None = None,
+    access: Access | None = None,
 ) -> Meta:
-    """The stream for ``caller`` (``streams.checked``: not found, then the right and the egress pins,
+    """The stream for ``access`` (``streams.checked``: not found, then the right and the egress pins,
     before anything else is decided), or ``StreamGone`` for a deleted stream whose forks remain. An
     expired stream is deleted here (not inside a caller's transaction, which could roll the deletion
     back) and is not found either."""
     row = await conn.fetchrow(_SELECT, run_id, stream_id)
-    meta = _meta(row, streams.checked(row, caller, right, client_region)) if row is not None else None
+    meta = _meta(row, streams.checked(row, access)) if row is not None else None
     if meta is None:
         raise StreamNotFound("no such stream")
     if meta.deleted:
@@ -336,7 +334,7 @@ async def fork(
         source = await find(conn, *source_key)
         if source is None or (source.expired and not source.deleted):
             raise StreamNotFound("the fork's source does not exist")
-        source.stream.authorize(principal, "read", client_region)
+        source.stream.authorize(Access(principal, "read", client_region))
         if source.deleted:
             raise ForkConflict("the fork's source was deleted")
         existing = await find(conn, run_id, stream_id)
@@ -541,7 +539,7 @@ async def append_guarded(
         if plan.close:
             signals += (await definitions.close_stream(conn, run_id, stream_id, principal)).signals
         elif not plan.records:
-            meta.stream.authorize(principal, "append")
+            meta.stream.authorize(Access(principal, "append"))
         await _remember(conn, meta, plan, accepted)
         return Changed(AppendOutcome(last, False, plan.close, accepted), tuple(signals))
 
@@ -604,7 +602,7 @@ async def delete(conn: asyncpg.Connection, run_id: str, stream_id: str, caller: 
     """DELETE: the right that ends streams for everyone (``close``), and only for streams created
     through the protocol: our own streams' definitions are not the protocol's to remove (their deletion
     goes through the operator)."""
-    meta = await load(conn, run_id, stream_id, caller=caller, right="close")
+    meta = await load(conn, run_id, stream_id, access=Access(caller, "close"))
     if not meta.created_here:
         raise NotDeletableHere("streams of our own API are not deleted here")
     return await remove(conn, meta, Trusted("durable-streams delete"))

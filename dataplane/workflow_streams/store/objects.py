@@ -9,7 +9,7 @@ from typing import Any
 
 import asyncpg
 
-from ..domain.authz import Principal, authorize, matching_subject
+from ..domain.authz import Access, Principal, authorize, matching_subject
 from ..domain.credit import check_object
 from ..domain.errors import (
     IdempotencyKeyReused,
@@ -103,7 +103,7 @@ async def prepare(
 ) -> tuple[Intent, bool]:
     """Create the intent, or return the one this idempotency key already made. True if created."""
     async with db.transaction(conn):
-        stream = await streams.load(conn, run_id, stream_id, caller=principal, right="append")
+        stream = await streams.load(conn, run_id, stream_id, access=Access(principal, "append"))
         if stream.closed:
             raise StreamClosed("the stream is closed; appends are rejected")
         found = await conn.fetchrow(_INTENT_BY_KEY, run_id, stream_id, pins.idempotency_key)
@@ -219,7 +219,7 @@ async def commit(
     """Append the object record if S3's evidence agrees with the intent. A duplicate commit returns the
     original sequence (and changes nothing)."""
     async with db.transaction(conn):
-        await streams.load(conn, run_id, stream_id, lock=True, caller=principal, right="append")
+        await streams.load(conn, run_id, stream_id, lock=True, access=Access(principal, "append"))
         intent = await conn.fetchrow(
             "SELECT * FROM wfs_object_intents WHERE intent_id = $1 AND run_id = $2 AND stream_id = $3 FOR UPDATE",
             uuid.UUID(intent_id),

@@ -9,7 +9,7 @@ from typing import Any
 
 import asyncpg
 
-from ..domain.authz import Action, Caller, Principal
+from ..domain.authz import Access
 from ..domain.cursor import Bounds, check_cursor
 from ..domain.errors import StreamError
 from ..domain.pins import StreamPins
@@ -127,21 +127,19 @@ async def fetch_page(
     after: int,
     limit: int,
     *,
-    caller: Caller | None = None,
-    right: Action = "read",
-    client_region: str | None = None,
+    access: Access | None = None,
 ) -> Page:
-    """Records with sequence > after, ascending. With ``caller``, its ``right`` (and its region against
-    the egress pins) is checked on the stream row before anything else is decided, so a caller without
-    the right learns nothing, not even whether its cursor is valid; ``caller=None`` is for readers that
-    authorized this stream earlier in the same request (a subscription's later, shared pages).
-    Bounds and records come from one snapshot: a concurrent prune can never become a silent gap."""
+    """Records with sequence > after, ascending. With ``access``, it is checked on the stream row before
+    anything else is decided, so a caller without the right learns nothing, not even whether its cursor
+    is valid; ``access=None`` is for readers that authorized this stream earlier in the same request (a
+    subscription's later, shared pages). Bounds and records come from one snapshot: a concurrent prune
+    can never become a silent gap."""
     rows = await conn.fetch(_PAGE, run_id, stream_id, after, limit)
-    return _page(rows, after, caller, right, client_region)
+    return _page(rows, after, access)
 
 
 async def fetch_pages(conn: asyncpg.Connection, keys: Sequence[PageKey]) -> list[Page | StreamError]:
-    """``fetch_page`` (``caller=None``) for each key, in one statement: per key its page, or the error
+    """``fetch_page`` (``access=None``) for each key, in one statement: per key its page, or the error
     ``fetch_page`` would have raised for it (no such stream, a cursor past the latest or pruned)."""
     rows = await conn.fetch(_PAGES, *(list(column) for column in zip(*keys, strict=True)))
     by_key: list[list[asyncpg.Record]] = [[] for _ in keys]
@@ -150,37 +148,19 @@ async def fetch_pages(conn: asyncpg.Connection, keys: Sequence[PageKey]) -> list
     out: list[Page | StreamError] = []
     for (_, _, after, _), key_rows in zip(keys, by_key, strict=True):
         try:
-            out.append(_page(key_rows, after, None, "read", None))
+            out.append(_page(key_rows, after, None))
         except StreamError as exc:
             out.append(exc)
     return out
 
 
-def _page(
-    rows: Sequence[asyncpg.Record], after: int, caller: Caller | None, right: Action, client_region: str | None
-) -> Page:
+def _page(rows: Sequence[asyncpg.Record], after: int, access: Access | None) -> Page:
     """A page from the rows of one stream (``_PAGE``'s, or one key's of ``_PAGES``)."""
     # the stream's row comes first (Postgres appends the branches in order; found by ``part`` anyway)
     head = next((row for row in rows if row["part"] == 0), None)
-    stream = streams.checked(head, caller, right, client_region)
+    stream = streams.checked(head, access)
     assert head is not None  # checked raises for a missing stream
     bounds = Bounds(earliest=stream.earliest_sequence, latest=stream.last_sequence)
     check_cursor(after, bounds)
     records = [stored_record(row) for row in rows if row["part"] == 1]
     return Page(records, bounds, stream.closed, stream.pins, stream.pins_digest, head["timeline"])
-
-
-async def read_page(
-    conn: asyncpg.Connection,
-    run_id: str,
-    stream_id: str,
-    after: int,
-    limit: int,
-    principal: Principal,
-    action: Action = "read",
-    client_region: str | None = None,
-) -> Page:
-    """``fetch_page`` for ``principal``: its right, and its region against the egress pins."""
-    return await fetch_page(
-        conn, run_id, stream_id, after, limit, caller=principal, right=action, client_region=client_region
-    )

@@ -22,7 +22,7 @@ from typing import Any
 import asyncpg
 
 from ..domain import authz
-from ..domain.authz import Caller, Right
+from ..domain.authz import Access
 from ..domain.errors import StreamNotFound
 from ..domain.pins import StreamPins
 from ..domain.placement import check_egress
@@ -65,17 +65,17 @@ class StreamRow:
     def closed(self) -> bool:
         return self.closed_at is not None
 
-    def authorize(self, caller: Caller, right: Right, client_region: str | None = None) -> None:
-        authorize(self.pins, caller, right, client_region)
+    def authorize(self, access: Access) -> None:
+        authorize(self.pins, access)
 
 
-def authorize(pins: StreamPins, caller: Caller, right: Right, client_region: str | None = None) -> None:
+def authorize(pins: StreamPins, access: Access) -> None:
     """What every entry point checks on the stream it acts on, before anything else is decided: the
     caller's right (``Forbidden``), then, for a caller that takes data out, its region against the
     egress pins (``PlacementViolation``)."""
-    authz.authorize(pins.authorization, caller, right)
-    if client_region is not None:
-        check_egress(pins, client_region)
+    authz.authorize(pins.authorization, access.caller, access.right)
+    if access.client_region is not None:
+        check_egress(pins, access.client_region)
 
 
 _PINS_CACHE: dict[str, StreamPins] = {}
@@ -154,27 +154,23 @@ async def load(
     stream_id: str,
     *,
     lock: bool = False,
-    caller: Caller | None = None,
-    right: Right = "see",
-    client_region: str | None = None,
+    access: Access | None = None,
 ) -> StreamRow:
     """The stream, or ``StreamNotFound``. ``lock`` takes its row lock (``FOR UPDATE``) for the rest of the
-    transaction. With ``caller``, ``right`` (and ``client_region`` against the egress pins) is checked on
-    the loaded row before anything else is decided; ``caller=None`` is for internal work and for callers
-    that authorized this very stream earlier in the same request (a subscription's later pages)."""
+    transaction. With ``access``, it is checked on the loaded row before anything else is decided;
+    ``access=None`` is for internal work and for callers that authorized this very stream earlier in the
+    same request (a subscription's later pages)."""
     row = await conn.fetchrow(_LOAD_LOCKED if lock else _LOAD, run_id, stream_id)
-    return checked(row, caller, right, client_region)
+    return checked(row, access)
 
 
-def checked(
-    row: Mapping[str, Any] | None, caller: Caller | None, right: Right = "see", client_region: str | None = None
-) -> StreamRow:
+def checked(row: Mapping[str, Any] | None, access: Access | None) -> StreamRow:
     """How a fetched row (``COLUMNS``, maybe among others) becomes a stream for a caller: missing is
     ``StreamNotFound``, then ``authorize``. For queries that read the row with more in one statement
     (``reads.fetch_page``, ``durable.load``)."""
     if row is None:
         raise StreamNotFound("no such stream")
     stream = row_of(row)
-    if caller is not None:
-        stream.authorize(caller, right, client_region)
+    if access is not None:
+        stream.authorize(access)
     return stream

@@ -13,7 +13,7 @@ from aiohttp import web
 
 from ...adapters import metrics, wire
 from ...domain import durable as rules
-from ...domain.authz import Principal
+from ...domain.authz import Access, Principal
 from ...domain.errors import StreamError, StreamNotFound
 from ...runtime.live import FOLLOW_PAGE, Delivery
 from ...runtime.reads import SharedPage
@@ -58,7 +58,7 @@ async def long_poll(
     the same offset share the reads that answer them."""
     cursor = rules.stream_cursor(_now(), request.query.get("cursor"))
     if after < meta.last_sequence:
-        body = await read_records(app, meta, after, principal, "subscribe", client_region_of(request))
+        body = await read_records(app, meta, after, Access(principal, "subscribe", client_region_of(request)))
         metrics.READ_RECORDS.inc(body.count)
         return body_response(request, meta, after, body, cursor)
     live = app.live
@@ -175,7 +175,7 @@ async def sse(
     ends_at = asyncio.get_running_loop().time() + settings.durable_sse_seconds
     async with live.watch(principal.name, meta.run_id, meta.stream_id) as wake:
         shared = await live.first_page(
-            meta.run_id, meta.stream_id, after, FOLLOW_PAGE, principal, "subscribe", client_region_of(request)
+            meta.run_id, meta.stream_id, after, FOLLOW_PAGE, Access(principal, "subscribe", client_region_of(request))
         )
         _same_stream(shared, meta)
         encoder = ProtocolEvents(meta.content_type, request.query.get("cursor"))

@@ -6,7 +6,7 @@ from aiohttp import web
 
 from ...adapters import wire
 from ...domain import durable as rules
-from ...domain.authz import Action, Principal
+from ...domain.authz import Access
 from ...domain.records import StoredRecord
 from ...runtime import reads as runtime_reads
 from ...store import durable as store
@@ -35,10 +35,8 @@ def within_budget(records: list[StoredRecord], start: int, budget: int) -> int:
     return keep
 
 
-async def read_records(
-    app: AppState, meta: store.Meta, after: int, principal: Principal, right: Action, client_region: str | None
-) -> Body:
-    """The records after ``after`` in the stream's form, as far as they are durable, for ``principal``
+async def read_records(app: AppState, meta: store.Meta, after: int, access: Access) -> Body:
+    """The records after ``after`` in the stream's form, as far as they are durable, for ``access``
     (checked again on the row: the stream may have been made again under its name since ``meta``)."""
     each = runtime_reads.read_bodies(
         app.pool,
@@ -49,9 +47,7 @@ async def read_records(
         "messages" if rules.is_json_mode(meta.content_type) else "bytes",
         max_records=PAGE_RECORDS,
         max_bytes=PAGE_BYTES,
-        caller=principal,
-        right=right,
-        client_region=client_region,
+        access=access,
     )
     return await runtime_reads.whole(each)
 

@@ -12,7 +12,7 @@ from aiohttp import web
 
 from ...adapters import metrics
 from ...domain import durable as rules
-from ...domain.authz import Action, Principal
+from ...domain.authz import Access, Principal
 from ...domain.durable_pins import default_template, pins_from_template
 from ...domain.errors import InvalidInput, StreamClosed
 from ...domain.pins import StreamPins
@@ -145,7 +145,7 @@ def _created(request: web.Request, created: store.Created) -> web.Response:
 async def head(request: web.Request) -> web.Response:
     call = await _call(request)
     async with call.app.pool.acquire() as conn:
-        meta = await store.load(conn, call.run_id, call.stream_id, caller=call.principal, right="read")
+        meta = await store.load(conn, call.run_id, call.stream_id, access=Access(call.principal, "read"))
     headers = {
         **_stream_headers(meta),
         h.NEXT_OFFSET: rules.encode_offset(meta.last_sequence),
@@ -174,12 +174,9 @@ async def get(request: web.Request) -> web.StreamResponse:
         raise InvalidInput("live must be long-poll or sse", field="live")
     if mode is not None and "offset" not in request.query:
         raise InvalidInput(f"live={mode} needs an offset", field="offset")
-    right: Action = "read" if mode is None else "subscribe"
-    region = client_region_of(request)
+    access = Access(call.principal, "read" if mode is None else "subscribe", client_region_of(request))
     async with call.app.pool.acquire() as conn:
-        meta = await store.load(
-            conn, call.run_id, call.stream_id, caller=call.principal, right=right, client_region=region
-        )
+        meta = await store.load(conn, call.run_id, call.stream_id, access=access)
         await store.touch(conn, meta)
     after = offset.resolve(meta.earliest_sequence, meta.last_sequence)
     if mode == "long-poll":
@@ -188,7 +185,7 @@ async def get(request: web.Request) -> web.StreamResponse:
         return await live.sse(request, call.app, call.principal, meta, after)
     if offset.is_now:
         return _now(meta)
-    body = await read_records(call.app, meta, after, call.principal, right, region)
+    body = await read_records(call.app, meta, after, access)
     metrics.READ_RECORDS.inc(body.count)
     return body_response(request, meta, after, body)
 
@@ -218,7 +215,7 @@ async def post(request: web.Request) -> web.Response:
     if body and not content_type:
         raise InvalidInput("an append needs a Content-Type", field="Content-Type")
     async with call.app.pool.acquire() as conn:
-        meta = await store.load(conn, call.run_id, call.stream_id, caller=call.principal)
+        meta = await store.load(conn, call.run_id, call.stream_id, access=Access(call.principal))
     # a closed stream answers that first, whatever else is wrong with the request (the locked path
     # decides again; this only orders the errors as the protocol does)
     retry_of_close = producer is not None and meta.closed_by == producer
