@@ -370,11 +370,11 @@ async def read_bodies(
             return
 
 
-async def whole(bodies: AsyncGenerator[Body, None]) -> Body:
+async def whole(each: AsyncGenerator[Body, None]) -> Body:
     """A page's bodies (``read_bodies``) taken together, for a response that states where the page ends
     before its records."""
-    async with contextlib.aclosing(bodies):
-        got = [body async for body in bodies]
+    async with contextlib.aclosing(each):
+        got = [body async for body in each]
     return dataclasses.replace(got[-1], after=got[0].after, parts=[part for body in got for part in body.parts])
 
 
