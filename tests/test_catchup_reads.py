@@ -16,11 +16,19 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.support import ALICE, SseReader, StreamsApi
+from tests.waiting import eventually
 from workflow_streams.adapters import wire
 from workflow_streams.domain.errors import CursorExpired
 from workflow_streams.domain.media import is_json
 from workflow_streams.runtime.durability import Durability
-from workflow_streams.runtime.reads import PART_CONNECTIONS, PART_RECORDS, PART_SPARE_KEPT, read_bodies, whole
+from workflow_streams.runtime.reads import (
+    PART_CONNECTIONS,
+    PART_LOOKAHEAD,
+    PART_RECORDS,
+    PART_SPARE_KEPT,
+    read_bodies,
+    whole,
+)
 from workflow_streams.store.bodies import Body, Form, fetch_part, plan
 from workflow_streams.store.db import DIRECT, create_pool
 from workflow_streams.store.reads import fetch_page
@@ -296,5 +304,28 @@ async def test_a_page_pruned_part_way_ends_where_what_was_given_out_ends(
         assert [r["sequence"] for r in values] == list(range(1, given + 1))
         with pytest.raises(CursorExpired):
             await whole(read_bodies(pool, durability, "r", "shrinking", given, "records", max_records=BIG, max_bytes=9))
+    finally:
+        await pool.close()
+
+
+async def test_a_reader_that_stops_has_only_the_lookahead_read_for_it(
+    api: StreamsApi, db: asyncpg.Connection, database_url: str
+) -> None:
+    """Parts are read at most PART_LOOKAHEAD ahead of the one handed on, and a reader that stops reading
+    holds no connection meanwhile: records pruned while it stopped end its page right after those parts."""
+    from workflow_streams.store.retention import prune_stream
+
+    records = (PART_LOOKAHEAD + 4) * PART_RECORDS
+    await _long_stream(api, "slow", records, retention={"max_records": 100})
+    size = PART_SPARE_KEPT + PART_CONNECTIONS  # room for every lane
+    pool = await create_pool(database_url, 1, size)
+    try:
+        each = read_bodies(pool, Durability(pool), "r", "slow", 0, "records", max_records=BIG, max_bytes=BIG)
+        async with contextlib.aclosing(each):
+            got = [await anext(each)]
+            await eventually(lambda: pool.spare() == size, message="the lanes still hold connections")
+            assert await prune_stream(db, "r", "slow") == records - 100
+            got += [body async for body in each]
+        assert got[-1].next_after == PART_LOOKAHEAD * PART_RECORDS
     finally:
         await pool.close()

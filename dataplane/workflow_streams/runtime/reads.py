@@ -16,6 +16,7 @@ import asyncio
 import bisect
 import contextlib
 import dataclasses
+import functools
 import logging
 from collections.abc import AsyncGenerator, Callable, Hashable
 from typing import TypeVar
@@ -272,33 +273,48 @@ async def plan_read(
 # it more a record), and the connections that read a page's parts: up to three, so that Postgres writes
 # parts on both cores while this process takes in and hands on the ones before (figures: bench/README.md,
 # constants). Only the first is waited for: the others are taken only from what the pool has to spare
-# beyond PART_SPARE_KEPT, which a catch-up leaves to appends and live reads.
+# beyond PART_SPARE_KEPT, which a catch-up leaves to appends and live reads. Parts are read at most
+# PART_LOOKAHEAD ahead of the one being handed on: a reader slower than Postgres (a client across a slow
+# link, with pages of 16 MiB) holds a few megabytes in this process, not its whole page, and no
+# connection while it catches up.
 PART_RECORDS = 2048
 PART_CONNECTIONS = 3
 PART_SPARE_KEPT = 4
+PART_LOOKAHEAD = 8
 
 
 async def read_parts(pool: Pool, page: Plan, form: Form) -> AsyncGenerator[Part, None]:
     """The planned page's records in ``form``, part by part (``PART_RECORDS`` each) in sequence order, read
-    on up to ``PART_CONNECTIONS`` connections taking turns while the parts before are handed on. Records,
-    once written, never change, so the parts need no common snapshot; a part whose records are gone
-    (pruned since the plan) raises ``PageChanged``. Close it (``contextlib.aclosing``) to stop the reading
-    early."""
-    until = pool.deadline()
+    on up to ``PART_CONNECTIONS`` connections taking turns while the parts before are handed on, at most
+    ``PART_LOOKAHEAD`` parts ahead. Records, once written, never change, so the parts need no common
+    snapshot; a part whose records are gone (pruned since the plan) raises ``PageChanged``. Close it
+    (``contextlib.aclosing``) to stop the reading early."""
     firsts = range(page.after + 1, page.end + 1, PART_RECORDS)
     ranges = [(first, min(first + PART_RECORDS - 1, page.end)) for first in firsts]
     loop = asyncio.get_running_loop()
     parts: list[asyncio.Future[Part]] = [loop.create_future() for _ in ranges]
     width = min(len(ranges), max(1, min(PART_CONNECTIONS, 1 + pool.spare() - PART_SPARE_KEPT)))
+    handed = 0  # parts handed on so far
+    moved = asyncio.Condition()
+
+    def in_reach(i: int) -> bool:
+        return i < handed + PART_LOOKAHEAD
 
     async def take_turns(lane: int) -> None:
         mine = range(lane, len(ranges), width)
+        k = 0  # mine[k] is the lane's next part
         try:
-            async with pool.acquire(until=until) as conn:
-                for i in mine:
-                    parts[i].set_result(await bodies.fetch_part(conn, page, form, *ranges[i]))
+            while k < len(mine):
+                async with moved:
+                    await moved.wait_for(functools.partial(in_reach, mine[k]))
+                # a connection only while there is work in reach, each stretch under its own deadline
+                async with pool.acquire() as conn:
+                    while k < len(mine) and in_reach(mine[k]):
+                        i = mine[k]
+                        parts[i].set_result(await bodies.fetch_part(conn, page, form, *ranges[i]))
+                        k += 1
         except Exception as exc:
-            for i in mine:  # whoever waits for one of this lane's parts learns why it will not come
+            for i in mine[k:]:  # whoever waits for one of this lane's parts learns why it will not come
                 if not parts[i].done():
                     parts[i].set_exception(exc)
 
@@ -306,6 +322,9 @@ async def read_parts(pool: Pool, page: Plan, form: Form) -> AsyncGenerator[Part,
     try:
         for part in parts:
             yield await part
+            handed += 1
+            async with moved:
+                moved.notify_all()
     finally:
         for lane in lanes:
             lane.cancel()
