@@ -62,7 +62,7 @@ FULL = Timing(
     append_warmup=3.0,
     append_seconds=20.0,
     sse_seconds=30.0,
-    catch_up_records=50_000,
+    catch_up_records=200_000,  # as the quick run and bench.catchup: the figures compare across them
 )
 
 # (streams, connections)
