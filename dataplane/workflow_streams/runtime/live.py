@@ -35,7 +35,7 @@ from ..store.bodies import Body, Form, Plan
 from ..store.db import DB_UNAVAILABLE
 from .durability import Durability
 from .fanout import Fanout
-from .reads import ENDS_A_PAGE, SharedPage, SharedReads, plan_read, read_page, read_parts
+from .reads import ENDS_A_PAGE, SharedPage, SharedReads, plan_read, planned_bodies, read_page
 from .retries import BACKOFF
 from .supervisor import Supervisor
 from .wakes import Wake, WakeHub
@@ -388,22 +388,20 @@ class Live:
             self.fanout.leave(run_id, stream_id, follower)
 
     async def _write_parts(self, sink: Sink, encoder: Encoder, page: Plan, last: int) -> int:
-        """Write a planned catch-up page part by part as its parts are read; the last position given.
-        Records pruned or the database lost part-way end the page early: what was written stands, and
-        the next round reads on from there (planning again says why, or waits the outage out)."""
-        async with contextlib.aclosing(read_parts(self._pool, page, encoder.form)) as parts:
-            while True:
-                try:
-                    part = await anext(parts, None)
-                except ENDS_A_PAGE as exc:
-                    log.info("catch-up page after %d ended early (%r); reading on", last, exc)
-                    return last
-                if part is None:
-                    return last
-                delivery = encoder.body(page.body(encoder.form, [part], after=last), last)
-                await _send(sink, delivery.chunk)
-                metrics.SUBSCRIPTION_EVENTS.inc(delivery.records)
-                last = delivery.last
+        """Write a planned catch-up page part by part as its parts are read (``planned_bodies``); the last
+        position given. Records pruned or the database lost end the page early, before its first part too:
+        what was written stands, and the next round reads on from there (planning again says why, or waits
+        the outage out)."""
+        try:
+            async with contextlib.aclosing(planned_bodies(self._pool, page, encoder.form)) as each:
+                async for body in each:
+                    delivery = encoder.body(body, last)
+                    await _send(sink, delivery.chunk)
+                    metrics.SUBSCRIPTION_EVENTS.inc(delivery.records)
+                    last = delivery.last
+        except ENDS_A_PAGE as exc:  # its first part: nothing of it was written
+            log.info("catch-up page after %d not read (%r); reading on", last, exc)
+        return last
 
     async def _retrying(self, sink: Sink, read: Callable[[], Awaitable[R]]) -> R:
         """A read of a page or body, with Postgres restarts waited out and a comment line before each

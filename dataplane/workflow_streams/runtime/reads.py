@@ -338,6 +338,27 @@ async def read_parts(pool: Pool, page: Plan, form: Form) -> AsyncGenerator[Part,
 ENDS_A_PAGE: tuple[type[BaseException], ...] = (bodies.PageChanged, *DB_UNAVAILABLE)
 
 
+async def planned_bodies(pool: Pool, page: Plan, form: Form) -> AsyncGenerator[Body, None]:
+    """A planned page as it is read (``read_parts``): a body a part, in order (one empty body when the
+    page holds no records), each ending where the next begins, so a reader writes one while Postgres
+    writes the next. Its first part's failure is raised, as nothing is given out yet; after that, records
+    pruned or the database lost end the page early, and the last body's ``next_after`` is where its reader
+    goes on. Close it (``contextlib.aclosing``) to stop the reading early."""
+    async with contextlib.aclosing(read_parts(pool, page, form)) as parts:
+        part = await anext(parts, None)
+        body = page.body(form, [] if part is None else [part])
+        yield body
+        while part is not None:
+            try:
+                part = await anext(parts, None)
+            except ENDS_A_PAGE as exc:
+                log.info("catch-up page of stream %d ended early at %d (%r)", page.stream_key, body.next_after, exc)
+                return
+            if part is not None:
+                body = page.body(form, [part], after=body.next_after)
+                yield body
+
+
 async def read_bodies(
     pool: Pool,
     durability: Durability,
@@ -350,12 +371,9 @@ async def read_bodies(
     max_bytes: int,
     access: Access | None = None,
 ) -> AsyncGenerator[Body, None]:
-    """A catch-up page assembled by Postgres (``store.bodies``) as it is read: a body a part, in order
-    (one empty body when nothing follows the cursor), each ending where the next begins, so a reader
-    writes the first while Postgres writes the rest. Until the first part is read nothing is given out:
-    a page whose records were pruned meanwhile is planned again, which answers with the stream as it is
-    now (410 for a pruned cursor). Once a body is given out, records pruned or the database lost end the
-    page early: the last body's ``next_after`` is where its reader goes on. Close it
+    """A catch-up page assembled by Postgres (``store.bodies``), planned (``plan_read``) and given out as it
+    is read (``planned_bodies``). A page whose records were pruned before its first part was read is
+    planned again, which answers with the stream as it is now (410 for a pruned cursor). Close it
     (``contextlib.aclosing``) to stop the reading early; ``whole`` takes a page's bodies together."""
     for attempt in range(2):
         page = await plan_read(
@@ -368,24 +386,16 @@ async def read_bodies(
             max_bytes=max_bytes,
             access=access,
         )
-        async with contextlib.aclosing(read_parts(pool, page, form)) as parts:
+        async with contextlib.aclosing(planned_bodies(pool, page, form)) as each:
             try:
-                part = await anext(parts, None)
+                body = await anext(each)
             except bodies.PageChanged:
                 if attempt:
                     raise
                 continue
-            body = page.body(form, [] if part is None else [part])
             yield body
-            while part is not None:
-                try:
-                    part = await anext(parts, None)
-                except ENDS_A_PAGE as exc:
-                    log.info("catch-up page of %s/%s ended early at %d (%r)", run_id, stream_id, body.next_after, exc)
-                    return
-                if part is not None:
-                    body = page.body(form, [part], after=body.next_after)
-                    yield body
+            async for body in each:
+                yield body
             return
 
 
