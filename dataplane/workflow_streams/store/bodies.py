@@ -1,11 +1,12 @@
-"""Catch-up reads assembled by Postgres: a page of records in their wire form, one value each.
+"""Catch-up reads assembled by Postgres: a page of records in their wire form, one value a part.
 
 A reader that fell behind (a replay, a new subscriber with a backlog, a Durable Streams client asking for
 the whole stream) reads far more records than a live page holds. Read as rows of columns, each record
 would be decoded by asyncpg and encoded again in Python (``wire.record_bytes``), which would be most of
 the server's time while Postgres idles. Here the server that holds the records builds each one's wire
-form, and a page crosses into Python as one ``bytes`` value per record, joined as they
-are. The forms are the ones ``adapters.wire`` makes from rows (tests/test_catchup_reads.py compares them).
+form and joins a part of the page (``fetch_part``) into one ``bytes`` value, which crosses into Python
+as it is. The forms are the ones ``adapters.wire`` makes from rows (tests/test_catchup_reads.py compares
+them).
 
 A page is bounded in records and in bytes (the records' stored sizes; at least one record). Where it
 ends is decided first, from the records' cumulative bytes, so exactly the page's rows are read.
