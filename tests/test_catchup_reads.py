@@ -206,14 +206,18 @@ async def test_readers_far_behind_get_every_record_once_in_order(client: Any, ap
     assert event is not None and json.loads(event.data) == [3001]
 
 
+async def _long_stream(api: StreamsApi, stream: str, records: int, **definition: Any) -> None:
+    await api.create("r", stream, **definition)
+    for start in range(0, records, 1000):
+        resp = await api.append("r", stream, *[{"n": n} for n in range(start, min(start + 1000, records))])
+        assert resp.status == 201, await resp.text()
+
+
 async def test_a_page_of_many_parts_is_every_record_in_order(api: StreamsApi) -> None:
     """A page longer than one part (Postgres joins each part) is its records in order, one after the
     other across the parts, gzip when asked, as pages of one part each give."""
-    await api.create("r", "long")
     records = 3 * PART_RECORDS + 5
-    for start in range(0, records, 1000):
-        resp = await api.append("r", "long", *[{"n": n} for n in range(start, min(start + 1000, records))])
-        assert resp.status == 201, await resp.text()
+    await _long_stream(api, "long", records)
     url = api.url("r", "long", f"/records?after=0&limit={records}&max_bytes={16 * 1024 * 1024}")
     for encoding in ("identity", "gzip"):
         resp = await api.client.get(url, headers={**api.headers, "Accept-Encoding": encoding})
@@ -249,13 +253,6 @@ async def test_a_closed_stream_far_behind_closes_only_after_its_last_record(clie
             controls.append(json.loads(event.data))
     assert messages == list(range(1, records + 1))
     assert [bool(c.get("streamClosed")) for c in controls] == [False] * (len(controls) - 1) + [True]
-
-
-async def _long_stream(api: StreamsApi, stream: str, records: int, **definition: Any) -> None:
-    await api.create("r", stream, **definition)
-    for start in range(0, records, 1000):
-        resp = await api.append("r", stream, *[{"n": n} for n in range(start, min(start + 1000, records))])
-        assert resp.status == 201, await resp.text()
 
 
 async def test_a_page_leaves_the_pools_last_connections_to_others(api: StreamsApi, database_url: str) -> None:
