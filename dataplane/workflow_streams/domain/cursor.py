@@ -16,6 +16,11 @@ class Bounds:
     earliest: int
     latest: int
 
+    def as_durable_as(self, known: int, start: int) -> Bounds:
+        """These bounds as a read held back to what is durable may state them: the head at most ``known``,
+        never below ``start``, where the served records end (runtime.durability)."""
+        return Bounds(earliest=self.earliest, latest=max(min(self.latest, known), start))
+
 
 def parse_cursor(text: str | None, name: str = "after") -> int:
     """A cursor from a query parameter or Last-Event-ID: a non-negative decimal integer; absent means 0."""

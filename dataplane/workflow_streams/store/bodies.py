@@ -217,7 +217,7 @@ class Plan:
         """This page as far as ``known`` is durable (the head at most ``known``, never below the page's own
         start, and not closed: the close may lie beyond), and how many records were held back."""
         end = min(self.end, max(self.after, known))
-        bounds = Bounds(earliest=self.bounds.earliest, latest=max(min(self.bounds.latest, known), end))
+        bounds = self.bounds.as_durable_as(known, end)
         return dataclasses.replace(self, end=end, bounds=bounds, closed=False), self.end - end
 
     def body(self, form: Form, parts: list[Part], *, after: int | None = None) -> Body:
@@ -247,11 +247,10 @@ async def plan(
     head = await conn.fetchrow(_PLAN, run_id, stream_id, after, max_records, max_bytes)
     stream = streams.checked(head, access)
     assert head is not None  # checked raises for a missing stream
-    bounds = Bounds(earliest=stream.earliest_sequence, latest=stream.last_sequence)
-    check_cursor(after, bounds)
+    check_cursor(after, stream.bounds)
     end = max(after, head["page_end"])
     return Plan(
-        head["stream_key"], after, end, bounds, stream.closed, stream.pins, stream.pins_digest, head["timeline"]
+        head["stream_key"], after, end, stream.bounds, stream.closed, stream.pins, stream.pins_digest, head["timeline"]
     )
 
 

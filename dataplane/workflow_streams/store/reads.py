@@ -65,7 +65,7 @@ class Page:
         start, and not closed: the close may lie beyond), and how many records were held back."""
         served = [r for r in self.records if r.sequence <= known]
         start = served[-1].sequence if served else self.records[0].sequence - 1 if self.records else self.bounds.latest
-        bounds = Bounds(earliest=self.bounds.earliest, latest=max(min(self.bounds.latest, known), start))
+        bounds = self.bounds.as_durable_as(known, start)
         return dataclasses.replace(self, records=served, bounds=bounds, closed=False), len(self.records) - len(served)
 
 
@@ -160,7 +160,6 @@ def _page(rows: Sequence[asyncpg.Record], after: int, access: Access | None) -> 
     head = next((row for row in rows if row["part"] == 0), None)
     stream = streams.checked(head, access)
     assert head is not None  # checked raises for a missing stream
-    bounds = Bounds(earliest=stream.earliest_sequence, latest=stream.last_sequence)
-    check_cursor(after, bounds)
+    check_cursor(after, stream.bounds)
     records = [stored_record(row) for row in rows if row["part"] == 1]
-    return Page(records, bounds, stream.closed, stream.pins, stream.pins_digest, head["timeline"])
+    return Page(records, stream.bounds, stream.closed, stream.pins, stream.pins_digest, head["timeline"])

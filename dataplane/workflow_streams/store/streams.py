@@ -23,6 +23,7 @@ import asyncpg
 
 from ..domain import authz
 from ..domain.authz import Access
+from ..domain.cursor import Bounds
 from ..domain.errors import StreamNotFound
 from ..domain.pins import StreamPins
 from ..domain.placement import check_egress
@@ -64,6 +65,10 @@ class StreamRow:
     @property
     def closed(self) -> bool:
         return self.closed_at is not None
+
+    @property
+    def bounds(self) -> Bounds:
+        return Bounds(earliest=self.earliest_sequence, latest=self.last_sequence)
 
     def authorize(self, access: Access) -> None:
         authorize(self.pins, access)
