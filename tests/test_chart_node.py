@@ -120,6 +120,7 @@ class Release:
                 name = pod["metadata"]["name"]
                 log = self.kubectl("logs", "-n", NAMESPACE, name, "--tail=40", check=False)
                 out.append(f"--- {name}\n{log.stdout}{log.stderr}")
+        out.append(self.kubectl("get", "pods,endpointslices", "-n", NAMESPACE, "-o", "wide", check=False).stdout)
         return "\n".join(out)[-12000:]
 
 
@@ -510,7 +511,8 @@ async def under_load(release: Release, disrupt: Callable[[], Awaitable[None]], l
             try:
                 await eventually(work.caught_up, within=60, message="subscribers did not catch up")
             except AssertionError as exc:
-                raise AssertionError(f"{exc}: {await work.lagging()}") from None
+                lagging = await work.lagging()
+                raise AssertionError(f"{exc}: {lagging}\n{await asyncio.to_thread(release.logs)}") from None
             problems = await work.check()
         finally:
             stop.set()
@@ -558,7 +560,8 @@ def pod_names(release: Release) -> set[str]:
 
 
 async def subscriptions_open(pod_ip: str) -> int:
-    async with aiohttp.ClientSession() as session, session.get(f"http://{pod_ip}:8080/metrics") as resp:
+    timeout = aiohttp.ClientTimeout(total=10)
+    async with aiohttp.ClientSession(timeout=timeout) as session, session.get(f"http://{pod_ip}:8080/metrics") as resp:
         text = await resp.text()
     return int(sum(float(m) for m in re.findall(r"^wfs_subscriptions_open(?:\{[^}]*\})? (\S+)$", text, re.M)))
 
@@ -567,7 +570,8 @@ async def test_a_pod_deleted_by_force_under_load_loses_nothing(release: Release)
     victim: dict[str, Any] = {}
 
     async def force_delete() -> None:
-        pods = release.pods("dataplane")
+        # a pod of the rolling upgrade before may still be terminating, its address answering nothing
+        pods = [p for p in release.pods("dataplane") if not p["metadata"].get("deletionTimestamp")]
         counts = [await subscriptions_open(p["status"]["podIP"]) for p in pods]
         victim["name"], victim["subscribers"] = max(
             ((p["metadata"]["name"], c) for p, c in zip(pods, counts, strict=True)), key=lambda x: x[1]

@@ -70,7 +70,8 @@ class Subscriber:
 
     A connection silent for ``idle_timeout`` seconds (several of the server's heartbeats) is taken for dead
     and resumed: a server that vanishes without closing its sockets (a pod deleted by force, a partition)
-    sends no FIN to wait for."""
+    sends no FIN to wait for. A connection not made within that time is tried again too: a SYN that nothing
+    answers is retried by the kernel for about two minutes before the connect fails."""
 
     def __init__(
         self, session: aiohttp.ClientSession, base: str, run: str, stream: str, token: str, *, idle_timeout: float
@@ -78,11 +79,25 @@ class Subscriber:
         self.base, self.run, self.stream = base, run, stream
         self._session = session
         self._token = token
-        self._timeout = aiohttp.ClientTimeout(sock_read=idle_timeout)
+        self._timeout = aiohttp.ClientTimeout(sock_connect=idle_timeout, sock_read=idle_timeout)
         self.seen: list[tuple[int, str]] = []
         self.reconnects = 0
         self.errors: list[str] = []
         self.task: asyncio.Task[None] | None = None
+        # where the current connection is, for a message about a subscriber that fell behind
+        self._phase = "not started"
+        self._since = time.monotonic()
+        self._bytes = 0  # received on the current connection
+        self._heard = 0.0  # time.monotonic() of its latest bytes
+
+    def state(self) -> str:
+        """The current connection in words: its phase and what it has received."""
+        now = time.monotonic()
+        heard = f", last {now - self._heard:.1f} s ago" if self._bytes else ""
+        return f"{self._phase} for {now - self._since:.1f} s, {self._bytes} bytes received{heard}"
+
+    def _enter(self, phase: str) -> None:
+        self._phase, self._since = phase, time.monotonic()
 
     def start(self) -> None:
         self.task = asyncio.create_task(self._follow(), name=f"subscriber {self.stream}@{self.base}")
@@ -101,20 +116,29 @@ class Subscriber:
         url = f"{self.base}{API_PREFIX}/runs/{self.run}/streams/{self.stream}/subscribe"
         while True:
             headers = {"Authorization": f"Bearer {self._token}", "Last-Event-ID": str(self.last)}
+            self._enter("requested")
+            self._bytes = 0
             try:
                 async with self._session.get(url, headers=headers, timeout=self._timeout) as resp:
+                    self._enter(f"answered {resp.status}")
                     if resp.status != 200:
                         self.errors.append(f"{resp.status} {await resp.text()}")
                     else:
                         await self._read(resp)
             except _TRANSIENT as exc:
                 self.errors.append(type(exc).__name__)
+            except Exception as exc:  # a defect of this client or the server: said, not swallowed by the task
+                self.errors.append(repr(exc))
+                self._enter(f"failed ({exc!r})")
+                raise
             self.reconnects += 1
             await asyncio.sleep(0.2)
 
     async def _read(self, resp: aiohttp.ClientResponse) -> None:
         event, data, ident = "message", "", None
         async for raw in resp.content:
+            self._bytes += len(raw)
+            self._heard = time.monotonic()
             line = raw.decode().rstrip("\r\n")
             if line == "":
                 if event == "record" and ident is not None:
@@ -250,13 +274,17 @@ class Workload:
         heads = {stream: (await self.stored(stream))[-1:] for stream in self.streams}
         return [
             f"{s.stream}@{s.base}: at {s.last} of {heads[s.stream][0][0]},"
-            f" {s.reconnects} reconnections, last errors {s.errors[-3:]}"
+            f" {s.reconnects} reconnections, last errors {s.errors[-3:]}; now {s.state()}"
             for s in self.subscribers
             if heads[s.stream] and s.last < heads[s.stream][0][0]
         ]
 
     async def caught_up(self) -> bool:
-        """Whether every subscriber has seen as far as what is stored now."""
+        """Whether every subscriber has seen as far as what is stored now. A subscriber that stopped (its
+        task ended: only a defect ends it) never will: that raises at once, with its reason."""
+        for s in self.subscribers:
+            if s.task is not None and s.task.done():
+                raise AssertionError(f"subscriber of {s.stream}@{s.base} stopped: {s.state()}, errors {s.errors[-3:]}")
         return not await self.lagging()
 
     async def check(self) -> list[str]:
