@@ -555,8 +555,14 @@ async def test_rolling_upgrade_under_load_loses_nothing(release: Release) -> Non
     assert run.min_ready >= 1, "the PodDisruptionBudget's minAvailable: 1 held throughout"
 
 
+def staying_pods(release: Release) -> list[dict[str, Any]]:
+    """The data plane's pods not being deleted (one deleted may still be listed, its address answering
+    nothing)."""
+    return [p for p in release.pods("dataplane") if not p["metadata"].get("deletionTimestamp")]
+
+
 def pod_names(release: Release) -> set[str]:
-    return {p["metadata"]["name"] for p in release.pods("dataplane") if not p["metadata"].get("deletionTimestamp")}
+    return {p["metadata"]["name"] for p in staying_pods(release)}
 
 
 async def subscriptions_open(pod_ip: str) -> int:
@@ -570,8 +576,7 @@ async def test_a_pod_deleted_by_force_under_load_loses_nothing(release: Release)
     victim: dict[str, Any] = {}
 
     async def force_delete() -> None:
-        # a pod of the rolling upgrade before may still be terminating, its address answering nothing
-        pods = [p for p in release.pods("dataplane") if not p["metadata"].get("deletionTimestamp")]
+        pods = staying_pods(release)  # those of the rolling upgrade before may still be listed
         counts = [await subscriptions_open(p["status"]["podIP"]) for p in pods]
         victim["name"], victim["subscribers"] = max(
             ((p["metadata"]["name"], c) for p, c in zip(pods, counts, strict=True)), key=lambda x: x[1]
