@@ -23,7 +23,7 @@ from tests.node import FIGURES, NodeCluster, leftovers, why_unavailable
 from tests.support import TOKENS, StreamsApi
 from workflow_streams.adapters.config import Settings
 from workflow_streams.adapters.objectstore import RegionConfig
-from workflow_streams.local.postgres import LocalPostgres, find_bindir, migrated_database
+from workflow_streams.local.postgres import LocalPostgres, execute, find_bindir, migrated_database
 from workflow_streams.shells.compose import create_app
 
 # the production shapes (PgBouncer, a standby, a network partition) as fixtures
@@ -77,11 +77,7 @@ async def create_database(pg: LocalPostgres, template: str | None = TEMPLATE) ->
     """A fresh database cloned from the migrated template (cheap: a file copy, no migration run), or an
     empty one with ``template=None`` (for tests that apply migrations themselves)."""
     name = f"t_{uuid.uuid4().hex[:16]}"
-    conn = await asyncpg.connect(pg.dsn)
-    try:
-        await conn.execute(f"CREATE DATABASE {name}" + (f" TEMPLATE {template}" if template else ""))
-    finally:
-        await conn.close()
+    await execute(pg.dsn, f"CREATE DATABASE {name}" + (f" TEMPLATE {template}" if template else ""))
     return pg.dsn_for(name)
 
 

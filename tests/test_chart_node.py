@@ -37,7 +37,7 @@ from tests.test_image import CannotBuild, build_image
 from tests.test_operator import stream_manifest
 from tests.waiting import eventually
 from workflow_streams import API_PREFIX
-from workflow_streams.local.postgres import find_bindir
+from workflow_streams.local.postgres import execute, find_bindir
 from workflow_streams.local.process import workflow_streams
 from workflow_streams.local.workload import Workload
 
@@ -192,7 +192,7 @@ def release(
 ) -> Iterator[Release]:
     node = node_cluster
     database = f"chart_{uuid.uuid4().hex[:8]}"
-    asyncio.run(_execute(node_pg.dsn, f"CREATE DATABASE {database}"))
+    asyncio.run(execute(node_pg.dsn, f"CREATE DATABASE {database}"))
     steps = readme_steps(node_pg.pod_dsn(database), node_image)
     assert [s[0] for s in steps] == ["kubectl", "kubectl", "helm"], steps
     # the test's own values: an object store (a Secret, as the values table says), a prune interval a
@@ -249,14 +249,6 @@ def release(
         uninstall = helm("uninstall", RELEASE, "-n", NAMESPACE, "--kubeconfig", str(node.kubeconfig), "--wait")
         node.kubectl("delete", "namespace", NAMESPACE, CLIENTS, "--timeout=50s", check=False)
         assert uninstall.returncode == 0 or "not found" in uninstall.stderr, uninstall.stderr
-
-
-async def _execute(dsn: str, sql: str) -> None:
-    conn = await asyncpg.connect(dsn)
-    try:
-        await conn.execute(sql)
-    finally:
-        await conn.close()
 
 
 @pytest.fixture

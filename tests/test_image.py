@@ -18,12 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
-import asyncpg
 import pytest
 
 from tests.support import pins
 from workflow_streams import API_PREFIX
-from workflow_streams.local.postgres import LocalPostgres, free_port
+from workflow_streams.local.postgres import LocalPostgres, execute, free_port
 from workflow_streams.local.process import http_ok, wait_until
 
 pytestmark = pytest.mark.slow
@@ -98,16 +97,9 @@ def empty_database(pg: LocalPostgres) -> Iterator[str]:
     """A database with no schema at all: the image's own `migrate` must create it."""
     name = f"img_{uuid.uuid4().hex[:12]}"
 
-    async def execute(sql: str) -> None:
-        conn = await asyncpg.connect(pg.dsn)
-        try:
-            await conn.execute(sql)
-        finally:
-            await conn.close()
-
-    asyncio.run(execute(f"CREATE DATABASE {name}"))
+    asyncio.run(execute(pg.dsn, f"CREATE DATABASE {name}"))
     yield pg.dsn_for(name)
-    asyncio.run(execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+    asyncio.run(execute(pg.dsn, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
 
 
 @dataclass

@@ -121,18 +121,24 @@ class LocalPostgres:
         shutil.rmtree(self.base_dir, ignore_errors=True)
 
 
+async def execute(dsn: str, sql: str) -> None:
+    """``sql`` on a connection of its own, closed after: for statements no transaction may hold
+    (``CREATE DATABASE``, ``DROP DATABASE``)."""
+    import asyncpg
+
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.execute(sql)
+    finally:
+        await conn.close()
+
+
 async def migrated_database(admin: str, name: str, dsn: str) -> str:
     """Database ``name``, made through ``admin`` (a DSN of another database on the same server) and
     migrated through ``dsn``, the way the data plane reaches it (plainly, by a multi-host DSN, through a
     pooler); returns ``dsn``."""
-    import asyncpg
-
     from ..store.migrate import apply_migrations
 
-    conn = await asyncpg.connect(admin)
-    try:
-        await conn.execute(f"CREATE DATABASE {name}")
-    finally:
-        await conn.close()
+    await execute(admin, f"CREATE DATABASE {name}")
     await apply_migrations(dsn)
     return dsn
