@@ -44,7 +44,6 @@ log = logging.getLogger(__name__)
 
 R = TypeVar("R")
 
-
 # Records per read of a follower's fan-out: a live page is what one wake brought, rarely more. A reader
 # further behind than this reads catch-up bodies (store.bodies) of up to CATCH_UP_BYTES instead.
 FOLLOW_PAGE = 500
@@ -336,13 +335,12 @@ class Live:
                         latest, closed = page.bounds.latest, page.closed
                         last = await self._write_parts(sink, encoder, page, last)
                         continue
-                    else:
-                        shared = await self._retrying(
-                            sink, functools.partial(self._reads.page, run_id, stream_id, last, limit, woken_at)
-                        )
-                        _same_stream(shared.page.pins_digest, pins_digest)
-                        delivery = encoder.events(shared, last)
-                        latest, closed = shared.page.bounds.latest, shared.page.closed
+                    shared = await self._retrying(
+                        sink, functools.partial(self._reads.page, run_id, stream_id, last, limit, woken_at)
+                    )
+                    _same_stream(shared.page.pins_digest, pins_digest)
+                    delivery = encoder.events(shared, last)
+                    latest, closed = shared.page.bounds.latest, shared.page.closed
                     await _send(sink, delivery.chunk)
                     metrics.SUBSCRIPTION_EVENTS.inc(delivery.records)
                     last = delivery.last
