@@ -234,8 +234,9 @@ class ControlPlane:
                 "--v=0",
             ],
         )
+        context = self._admin_context()
         wait_until(
-            lambda: http_ok(f"{self.server}/readyz", ssl_context=self._admin_context()),
+            lambda: http_ok(f"{self.server}/readyz", ssl_context=context),
             seconds=seconds,
             alive=lambda: all(proc.running() for proc in self.procs),
             describe=lambda: "\n".join(proc.tail(2000) for proc in self.procs),
