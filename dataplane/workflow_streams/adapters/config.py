@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import re
@@ -11,7 +12,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+import yaml
+
+from ..domain.admission import Served
 from ..domain.authz import Principal
+from ..domain.templates import Templates, base_template, parse_templates
 from ..store.db import DEFAULT_TIMEOUT_SECONDS, POOLERS, Connecting, Pooler
 from .objectstore import RegionConfig
 
@@ -182,6 +187,32 @@ def durable_from_env(env: Mapping[str, str]) -> dict[str, Any]:
     }
 
 
+def _templates_raw(env: Mapping[str, str]) -> tuple[str, Any] | None:
+    """The configured pins templates (``WFS_PINS_TEMPLATES_FILE``, YAML or JSON by its extension, or
+    ``WFS_PINS_TEMPLATES``, JSON) and the setting they came from; None when neither is set."""
+    path = env.get("WFS_PINS_TEMPLATES_FILE")
+    if path:
+        text = _file("WFS_PINS_TEMPLATES_FILE", env) or ""
+        if path.endswith((".yaml", ".yml")):
+            try:
+                return "WFS_PINS_TEMPLATES_FILE", yaml.safe_load(text)
+            except yaml.YAMLError as exc:
+                raise SettingsError("WFS_PINS_TEMPLATES_FILE", f"WFS_PINS_TEMPLATES_FILE: {path}: {exc}") from None
+        name = "WFS_PINS_TEMPLATES_FILE"
+        return name, _parsed({name: text}, name, _any_json, None)
+    inline = env.get("WFS_PINS_TEMPLATES")
+    if inline:
+        return "WFS_PINS_TEMPLATES", _parsed(env, "WFS_PINS_TEMPLATES", _any_json, None)
+    return None
+
+
+def _any_json(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"not valid JSON ({exc})") from None
+
+
 def _template(text: str) -> dict[str, Any] | None:
     return _json_object(text, "a JSON object of pins")
 
@@ -265,6 +296,19 @@ class Settings:
     wake_poll_seconds: float | None = None
     # serving processes sharing the port (SO_REUSEPORT); 0 = one per core
     workers: int = 1
+    # named pins templates (domain.templates), as configured; None: the built-in default only
+    pins_templates: Mapping[str, Any] | None = None
+
+    @property
+    def served(self) -> Served:
+        """What this data plane serves, which new definitions' pins must meet (domain.admission)."""
+        return Served(self.region, tuple(self.region_cidrs), tuple(self.s3_regions))
+
+    @functools.cached_property
+    def templates(self) -> Templates:
+        """The pins templates over the built-in base for this data plane's regions."""
+        base = base_template(self.region, self.metadata_region, list(self.s3_regions))
+        return parse_templates(self.pins_templates if self.pins_templates is not None else {}, base)
 
     @property
     def connecting(self) -> Connecting:
@@ -297,7 +341,7 @@ class Settings:
         pooler = _pooler(env.get("WFS_DATABASE_POOLER", "none"))
         listen_url = env.get("WFS_LISTEN_DATABASE_URL") or None
         integer, number = _number(int), _number(float)
-        return cls(
+        settings = cls(
             database_url=database_url,
             host=env.get("WFS_HOST", "127.0.0.1"),
             port=_parsed(env, "WFS_PORT", integer, 8080),
@@ -332,3 +376,12 @@ class Settings:
             wake_poll_seconds=_parsed(env, "WFS_WAKE_POLL_SECONDS", number, None),
             workers=_parsed(env, "WFS_WORKERS", integer, 0),
         )
+        templates = _templates_raw(env)
+        if templates is not None:
+            name, raw = templates
+            settings = dataclasses.replace(settings, pins_templates=raw)
+            try:
+                settings.templates  # noqa: B018  (resolves each template once: a bad one stops the start)
+            except ValueError as exc:
+                raise SettingsError(name, f"{name}: {exc}") from None
+        return settings

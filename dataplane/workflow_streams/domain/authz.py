@@ -12,9 +12,14 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from .errors import Forbidden
+from .ownership import Owner
 from .pins import Authorization
 
-Action = Literal["append", "read", "subscribe", "ack", "close", "legal_hold"]
+Action = Literal["append", "read", "subscribe", "ack", "close", "legal_hold", "delete"]
+# the actions any of which lets a principal see a stream (its definition, its name in listings)
+SEEING: tuple[Action, ...] = ("append", "read", "ack", "close", "legal_hold", "delete")
+# an unset action takes another's subjects
+_DEFAULTS: dict[str, Action] = {"subscribe": "read", "delete": "close"}
 # what a check asks for: an action, or "see" (any right lets a principal read the definition)
 Right = Action | Literal["see"]
 
@@ -27,9 +32,13 @@ class Principal:
 
 @dataclass(frozen=True)
 class Trusted:
-    """A caller authorized outside the pins (the operator, by Kubernetes RBAC; internal housekeeping)."""
+    """A caller authorized outside the pins (the operator, by Kubernetes RBAC; internal housekeeping).
+    ``owner`` is the WorkflowStream the operator acts for: the store then applies the ownership rules
+    (``domain.ownership``) before anything else, so Kubernetes RBAC on one namespace's objects never
+    reaches another namespace's streams."""
 
     name: str
+    owner: Owner | None = None
 
 
 Caller = Principal | Trusted
@@ -48,10 +57,7 @@ class Access:
 
 def matching_subject(authorization: Authorization, principal: Principal, action: Action) -> str | None:
     """The pinned subject that grants ``action`` to ``principal``, if any: the reason for a decision."""
-    subjects = getattr(authorization, action)
-    if subjects is None:  # subscribe defaults to read
-        subjects = authorization.read
-    for subject in subjects:
+    for subject in subjects_of(authorization, action):
         if (
             subject == "*"
             or subject == principal.name
@@ -61,13 +67,32 @@ def matching_subject(authorization: Authorization, principal: Principal, action:
     return None
 
 
+def subjects_of(authorization: Authorization, action: Action) -> list[str]:
+    """The subjects pinned for ``action``, an unset one's default filled in."""
+    subjects: list[str] | None = getattr(authorization, action)
+    if subjects is None:
+        subjects = getattr(authorization, _DEFAULTS[action])
+    return list(subjects or ())
+
+
+def seen_by(authorization: Authorization) -> list[str]:
+    """Every subject that may see the stream (``may_see``), sorted: stored with the stream so listings
+    select what a caller may see in SQL (``caller_subjects`` meets it there)."""
+    return sorted({subject for action in SEEING for subject in subjects_of(authorization, action)})
+
+
+def caller_subjects(principal: Principal) -> list[str]:
+    """The subjects that match ``principal``: its name, its groups, and ``*``."""
+    return ["*", principal.name, *(f"group:{group}" for group in sorted(principal.groups))]
+
+
 def may(authorization: Authorization, principal: Principal, action: Action) -> bool:
     return matching_subject(authorization, principal, action) is not None
 
 
 def may_see(authorization: Authorization, principal: Principal) -> bool:
     """Any right on a stream lets a principal read its definition."""
-    return any(may(authorization, principal, action) for action in ("append", "read", "ack", "close", "legal_hold"))
+    return any(may(authorization, principal, action) for action in SEEING)
 
 
 def require(authorization: Authorization, principal: Principal, action: Action) -> None:

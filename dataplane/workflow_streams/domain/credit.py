@@ -23,6 +23,22 @@ class Usage:
     # cumulative bytes through base_sequence
     base_bytes: int
 
+    @classmethod
+    def of(
+        cls,
+        last_sequence: int,
+        appended_bytes: int,
+        min_ack: int | None,
+        earliest_sequence: int,
+        pruned_bytes: int,
+        ack_bytes: int | None,
+    ) -> Usage:
+        """From a stream row's counters, its slowest ack (None: no consumer) and the cumulative bytes
+        through that ack's record (``ack_bytes``, read when the record is retained)."""
+        base = base_sequence(min_ack, earliest_sequence)
+        base_bytes = pruned_bytes if base == earliest_sequence - 1 else ack_bytes
+        return cls(last_sequence, appended_bytes, base, base_bytes if base_bytes is not None else pruned_bytes)
+
     @property
     def unread_items(self) -> int:
         return self.last_sequence - self.base_sequence

@@ -7,14 +7,11 @@ creator its own streams.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Mapping
 from typing import Any
 
-from .pins import StreamPins, parse_pins
-
-CREATOR = "$creator"
-_ACTIONS = ("append", "read", "subscribe", "ack", "close", "legal_hold")
+from .pins import StreamPins
+from .templates import resolve
 
 
 def default_template(region: str, metadata_region: str | None) -> dict[str, Any]:
@@ -43,11 +40,4 @@ def default_template(region: str, metadata_region: str | None) -> dict[str, Any]
 
 def pins_from_template(template: Mapping[str, Any], creator: str) -> StreamPins:
     """The template with ``$creator`` replaced, validated like pins sent to our own API."""
-    raw = copy.deepcopy(dict(template))
-    authorization = raw.get("authorization")
-    if isinstance(authorization, dict):
-        for action in _ACTIONS:
-            subjects = authorization.get(action)
-            if isinstance(subjects, list):
-                authorization[action] = [creator if s == CREATOR else s for s in subjects]
-    return parse_pins(raw)
+    return resolve(template, creator)

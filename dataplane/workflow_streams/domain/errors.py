@@ -165,6 +165,13 @@ class ObjectRegionUnavailable(StreamError):
     code = "object_region_unavailable"
 
 
+class OwnedElsewhere(StreamError):
+    """The stream (or its run) belongs to another owner: a WorkflowStream in another namespace, another
+    object in this one, or the HTTP API. ``owner`` names who owns it."""
+
+    code = "owned_elsewhere"
+
+
 class StreamHeld(StreamError):
     """A legal hold stops deletion."""
 

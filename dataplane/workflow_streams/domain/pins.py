@@ -155,6 +155,13 @@ class Authorization(_Pinned):
     legal_hold: list[Subject] = Field(
         default_factory=list, max_length=64, description=f"May place and release legal holds over HTTP. {_SUBJECTS}"
     )
+    # deleting ends the stream for everyone, as closing does; unset means the same subjects as close
+    delete: list[Subject] | None = Field(
+        default=None,
+        max_length=64,
+        description=f"May delete the stream over HTTP (refused while a legal hold exists). Unset: the close "
+        f"subjects. {_SUBJECTS}",
+    )
 
 
 class Credit(_Pinned):

@@ -234,9 +234,14 @@ async def lock_streams(conn: asyncpg.Connection, keys: Sequence[StreamKey]) -> d
 def _usages(rows: dict[StreamKey, asyncpg.Record]) -> dict[StreamKey, credit.Usage]:
     usages = {}
     for key, row in rows.items():
-        base = credit.base_sequence(row["min_ack"], row["earliest_sequence"])
-        base_bytes = row["pruned_bytes"] if base == row["earliest_sequence"] - 1 else row["ack_bytes"]
-        usages[key] = credit.Usage(row["last_sequence"], row["appended_bytes"], base, base_bytes)
+        usages[key] = credit.Usage.of(
+            row["last_sequence"],
+            row["appended_bytes"],
+            row["min_ack"],
+            row["earliest_sequence"],
+            row["pruned_bytes"],
+            row["ack_bytes"],
+        )
     return usages
 
 
