@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
@@ -13,7 +14,7 @@ from ..domain import strictjson
 from ..domain.errors import InvalidInput, InvalidJson, RequestTimeout
 from ..domain.ids import check_id
 from ..domain.placement import client_region
-from .state import state_of
+from .state import principal_of, state_of
 
 STREAM = "/runs/{run_id}/streams/{stream_id}"
 
@@ -73,6 +74,31 @@ def json_object(body: Any, allowed: set[str], required: set[str]) -> dict[str, A
     if missing:
         raise InvalidInput(f"missing field(s): {', '.join(sorted(missing))}", field=min(missing))
     return body
+
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def query(*names: str) -> Callable[[Handler], Handler]:
+    """A handler that takes only the query parameters ``names``: any other is ``400 invalid_input``
+    naming it, so a typo (``?afer=1``) is not silently read as no parameter at all."""
+    allowed = frozenset(names)
+
+    def wrap(handler: Handler) -> Handler:
+        @functools.wraps(handler)
+        async def checked(request: web.Request) -> web.StreamResponse:
+            if request.query_string:
+                unknown = sorted(set(request.query) - allowed)
+                if unknown:
+                    await principal_of(request)  # a caller without a valid token learns nothing more
+                    known = f"; it takes {', '.join(sorted(allowed))}" if allowed else "; it takes none"
+                    detail = f"unknown query parameter(s): {', '.join(unknown)}{known}"
+                    raise InvalidInput(detail, field=unknown[0], allowed=sorted(allowed))
+            return await handler(request)
+
+        return checked
+
+    return wrap
 
 
 def stream_key(request: web.Request) -> tuple[str, str]:

@@ -18,7 +18,7 @@ from ..runtime.publish import committed
 from ..runtime.reads import read_page
 from ..store import objects, retention
 from ..store.appends import AppendResult
-from .common import STREAM, chunks_with_idle_timeout, client_region_of, json_response, read_json, stream_key
+from .common import STREAM, chunks_with_idle_timeout, client_region_of, json_response, query, read_json, stream_key
 from .state import STREAMING, AppState, principal_of, state_of
 
 log = logging.getLogger(__name__)
@@ -46,6 +46,7 @@ def _intent_id(request: web.Request) -> str:
 
 
 @routes.post(STREAM + "/objects/prepare")
+@query()
 async def prepare(request: web.Request) -> web.Response:
     app = state_of(request)
     principal = await principal_of(request)
@@ -62,6 +63,7 @@ async def prepare(request: web.Request) -> web.Response:
 
 
 @routes.get(INTENT)
+@query()
 async def get(request: web.Request) -> web.Response:
     app = state_of(request)
     principal = await principal_of(request)
@@ -72,6 +74,7 @@ async def get(request: web.Request) -> web.Response:
 
 
 @routes.put(INTENT + "/upload", name="upload_object")
+@query()
 async def upload(request: web.Request) -> web.Response:
     """Streams the body to S3 in parts; size and sha256 are verified before anything becomes visible."""
     app = state_of(request)
@@ -97,6 +100,7 @@ async def upload(request: web.Request) -> web.Response:
 
 
 @routes.post(INTENT + "/commit")
+@query()
 async def commit(request: web.Request) -> web.Response:
     app = state_of(request)
     principal = await principal_of(request)
@@ -133,6 +137,7 @@ async def commit(request: web.Request) -> web.Response:
 
 
 @routes.post(INTENT + "/abort")
+@query()
 async def abort(request: web.Request) -> web.Response:
     app = state_of(request)
     principal = await principal_of(request)
@@ -151,6 +156,7 @@ def _sequence(request: web.Request) -> int:
 
 
 @routes.get(STREAM + "/records/{sequence}/object")
+@query()
 async def download(request: web.Request) -> web.StreamResponse:
     """An object record's bytes, streamed from S3. The record is read as every read is (the read right,
     then client egress, then only what is durable), so a caller learns nothing it could not read; an

@@ -115,8 +115,8 @@ CODE_MEANING: dict[str, str] = {
     "forbidden": "no such stream, or the caller may not do this on it (the same answer for both)",
     "placement_violation": "the pins do not allow this from here (client egress region, metadata home)",
     "consumer_scope_mismatch": "the consumer id belongs to another stream",
-    "not_found": "no such object intent, or no record at that sequence",
-    "pins_conflict": "the stream exists with other pins; pins are immutable",
+    "not_found": "no such object intent, no record at that sequence, or no such pins template",
+    "pins_conflict": "the stream exists with other pins (`differing_fields` names them); pins are immutable",
     "stream_closed": "the stream is closed",
     "idempotency_key_reused": "the idempotency key was used for a different request",
     "ack_regression": "acknowledgements only advance",
@@ -126,13 +126,15 @@ CODE_MEANING: dict[str, str] = {
     "intent_state": "the intent is in a state that does not allow this",
     "intent_expired": "the intent expired; prepare again",
     "stream_held": "a legal hold prevents this",
+    "owned_elsewhere": "the stream belongs to a WorkflowStream object (`owner` names it): delete that object",
     "cursor_expired": "retention removed the records after the cursor: resync from `earliest`",
     "future_cursor": "the cursor is past the latest sequence",
     "future_sequence": "the acknowledged sequence is past the latest",
     "payload_too_large": f"the request body is over {MAX_REQUEST_BYTES}, an inline payload over "
     f"{INLINE_LIMIT} bytes, or an object over {MAX_OBJECT_BYTES} bytes",
     "request_timeout": "the body arrived too slowly",
-    "invalid_definition": "the pins are invalid (`errors` lists each field)",
+    "invalid_definition": "the pins are invalid, or would make a stream nobody can read or append to, or whose "
+    "regions this data plane cannot serve (`errors` lists each field)",
     "forbidden_content_class": "this content class may not be stored",
     "batch_exceeds_credit": "the batch alone is larger than the unread ceiling: split it",
     "object_mismatch": "the uploaded bytes are not what was prepared (size or sha256)",
@@ -248,6 +250,56 @@ ACCESS_TOKEN = _parameter(
 
 # --- component schemas: one entry each (the pins' come from their pydantic model) ---------------
 
+STREAM_DETAIL = {
+    "unread": obj(
+        description="what waits unread after the slowest consumer's ack, against the credit ceilings: the "
+        "numbers appends are refused by (`full`: at a ceiling, appends block or get `429 backpressure`)",
+        required={
+            "items": integer(minimum=0),
+            "bytes": integer(minimum=0),
+            "max_items": integer(minimum=1),
+            "max_bytes": integer(minimum=1),
+            "after_sequence": described(SEQUENCE, "unread starts after this sequence"),
+            "full": boolean(),
+        },
+    ),
+    "total": obj(
+        description="what the stream appended in its life, against its lifetime ceilings (null: none)",
+        required={
+            "items": integer(minimum=0),
+            "bytes": integer(minimum=0),
+            "max_items": nullable("integer"),
+            "max_bytes": nullable("integer"),
+        },
+    ),
+    "consumers": array(
+        obj(
+            required={"consumer_id": ID, "acked_sequence": SEQUENCE, "lag": integer(minimum=0)},
+            optional={"updated_at": TIMESTAMP, "updated_by": string()},
+        ),
+        "every consumer, slowest first; `lag` is how many records it has not acknowledged",
+    ),
+    "deliveries": {
+        "description": "input streams: deliveries to the wait service by state; null for output streams",
+        "oneOf": [
+            {"type": "null"},
+            obj(
+                required={"pending": integer(minimum=0), "delivered": integer(minimum=0), "failed": integer(minimum=0)}
+            ),
+        ],
+    },
+    "objects_in_flight": obj(
+        description="object intents not yet committed, by state",
+        required={"prepared": integer(minimum=0), "uploaded": integer(minimum=0)},
+    ),
+    "owner": {
+        "description": "the WorkflowStream object that owns the stream; null for a stream made over HTTP",
+        "oneOf": [
+            {"type": "null"},
+            obj(required={"kind": string(), "namespace": string(), "name": string(), "uid": string()}),
+        ],
+    },
+}
 STREAM_STATE = obj(
     required={
         "last_sequence": described(SEQUENCE, "the latest sequence (0 before the first append)"),
@@ -260,6 +312,7 @@ STREAM_STATE = obj(
         "closed_at": nullable("string", format="date-time"),
         "closed_by": nullable("string"),
         "legal_holds": array(ref("LegalHoldEntry")),
+        **STREAM_DETAIL,
     },
 )
 DEFINITION = obj(
@@ -283,7 +336,52 @@ SCHEMAS: dict[str, Schema] = {
             "rule": string("`invalid_json`: which JSON rule the body breaks"),
         },
     ),
-    "CreateStream": obj(closed=True, required={"stream_id": ID, "pins": ref("StreamPins")}),
+    "CreateStream": obj(
+        closed=True,
+        description="`stream_id` alone makes the stream from the default template; `template` names another "
+        "(`GET /templates`); `pins` without a template are the whole pins, with one they are merged over it",
+        required={"stream_id": ID},
+        optional={
+            "template": string("the name of a pins template", minLength=1, maxLength=128),
+            "pins": {
+                "type": "object",
+                "description": "the whole pins (`StreamPins`), or with `template` the pins to change in it",
+            },
+        },
+    ),
+    "DeleteResult": obj(
+        required={"run_id": ID, "stream_id": ID, "deleted": boolean(), "objects_queued": integer(minimum=0)}
+    ),
+    "RunList": obj(
+        required={
+            "runs": array(
+                obj(
+                    required={
+                        "run_id": ID,
+                        "streams": described(integer(minimum=1), "streams the caller may see in the run"),
+                        "latest_created_at": TIMESTAMP,
+                    }
+                )
+            ),
+            "next_after": nullable("string", "pass as `after` for the next page; null on the last page"),
+        }
+    ),
+    "TemplateList": obj(
+        required={
+            "templates": array(
+                obj(
+                    required={"name": string(), "description": string(), "pins": {"type": "object"}},
+                    optional={
+                        "namespaces": {
+                            "description": "the namespaces whose WorkflowStreams may use it; null: all",
+                            "oneOf": [{"type": "null"}, array(string())],
+                        },
+                        "resolved": ref("StreamPins"),
+                    },
+                )
+            )
+        }
+    ),
     "Definition": DEFINITION,
     "LegalHoldEntry": obj(
         optional={"hold_id": ID, "reason": string(), "held_by": string(), "held_at": TIMESTAMP},
@@ -548,9 +646,10 @@ OPERATIONS = (
         "streams",
         summary="Create a stream definition (idempotent for the same pins)",
         description="Creates the stream, or answers the existing one if its pins are the same (200). Pins are "
-        "immutable: other pins are `409 pins_conflict`.",
+        'immutable: other pins are `409 pins_conflict`. `{"stream_id": ...}` alone uses the default '
+        "template: this data plane's regions and every right for the caller.",
         parameters=(RUN,),
-        body=json_body("CreateStream", "the stream id and its pins"),
+        body=json_body("CreateStream", "the stream id, and a template or pins"),
         responses={
             "201": ok("Definition", "created", "Location"),
             "200": ok("Definition", "it already exists with these pins", "Location"),
@@ -562,7 +661,48 @@ OPERATIONS = (
             "pins_conflict",
             "invalid_definition",
             "forbidden_content_class",
+            "not_found",
         ),
+    ),
+    Operation(
+        "GET",
+        "/runs",
+        "listRuns",
+        "streams",
+        summary="List the runs in which the caller may see a stream",
+        description="Runs in run-id order, each with how many of its streams the caller may see. Runs with "
+        "nothing visible are left out without a trace. Pass `next_after` as `after` for the next page.",
+        parameters=(
+            _parameter("query", "after", "exclusive cursor: runs whose id sorts after this one", ID),
+            LIMIT,
+        ),
+        responses={"200": ok("RunList", "a page of runs")},
+        problems=("invalid_input",),
+    ),
+    Operation(
+        "GET",
+        "/templates",
+        "listTemplates",
+        "streams",
+        summary="The pins templates a create may name",
+        description="Each template with the partial pins it sets and the whole pins it resolves to for the "
+        "caller (`$creator` is the caller). `default` is used when a create names none.",
+        parameters=(),
+        responses={"200": ok("TemplateList", "the templates")},
+        problems=("invalid_input",),
+    ),
+    Operation(
+        "DELETE",
+        STREAM,
+        "deleteStream",
+        "streams",
+        summary="Delete a stream and its records",
+        description="Needs the `delete` right (unset: the `close` subjects). Refused while a legal hold exists; "
+        "a stream a WorkflowStream owns is deleted by deleting that object. Its objects are queued for deletion "
+        "from S3; its name can be defined again.",
+        parameters=STREAM_PARAMS,
+        responses={"200": ok("DeleteResult", "deleted")},
+        problems=(*ON_STREAM, "stream_held", "owned_elsewhere"),
     ),
     Operation(
         "GET",

@@ -50,6 +50,7 @@ STATUS: dict[type[errors.StreamError], int] = {
     # here never helps (a 503 told clients to), a data plane serving the region can answer
     errors.ObjectRegionUnavailable: 421,
     errors.StreamHeld: 409,
+    errors.OwnedElsewhere: 409,
     errors.RequestTimeout: 408,
     errors.PlacementViolation: 403,
     errors.AuthUnavailable: 503,
@@ -164,6 +165,16 @@ def _retryable(request: web.Request, exc: BaseException) -> bool:
 def problem_for(request: web.Request, exc: Exception) -> web.Response:
     if isinstance(exc, errors.StreamError):
         return from_error(exc)
+    if isinstance(exc, web.HTTPRequestEntityTooLarge):
+        limit = request.client_max_size
+        return problem(
+            413,
+            "payload_too_large",
+            f"the request body is larger than this server takes ({limit} bytes); "
+            "send fewer records per request, or a large payload as an object (the objects API)",
+            field="/",
+            limit_bytes=limit,
+        )
     if isinstance(exc, web.HTTPException):
         code = _HTTP_CODES.get(exc.status, f"http_{exc.status}")
         headers = {k: v for k, v in exc.headers.items() if k.lower() in ("allow", "retry-after")}

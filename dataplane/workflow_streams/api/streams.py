@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 import contextlib
+import logging
+from typing import Any
 
 import asyncpg
 from aiohttp import web
 
 from ..adapters import metrics, wire
+from ..domain.admission import refusal
 from ..domain.authz import Access, Action, Principal
 from ..domain.cursor import parse_cursor
 from ..domain.errors import InvalidInput, NotAnInputStream
 from ..domain.ids import check_id
-from ..domain.pins import parse_pins
+from ..domain.pins import StreamPins, parse_pins
 from ..domain.placement import check_metadata_home
 from ..domain.records import parse_append_body
+from ..domain.templates import Templates
 from ..runtime.group_commit import append_records
 from ..runtime.holds import apply_legal_hold
 from ..runtime.publish import committed
@@ -29,11 +33,13 @@ from .common import (
     compressible,
     json_object,
     json_response,
+    query,
     read_json,
     stream_key,
 )
 from .state import principal_of, state_of
 
+log = logging.getLogger(__name__)
 routes = web.RouteTableDef()
 
 DEFAULT_LIMIT = 100
@@ -82,6 +88,7 @@ def _idempotency_key(request: web.Request) -> str | None:
 # they were added, each a coroutine and a regular expression, so the most frequent requests match on
 # the first try (after create/list and get_stream they took three).
 @routes.post(STREAM + "/records")
+@query()
 async def append(request: web.Request) -> web.Response:
     app = state_of(request)
     principal = await principal_of(request)
@@ -96,6 +103,7 @@ async def append(request: web.Request) -> web.Response:
 
 
 @routes.get(STREAM + "/records")
+@query("after", "limit", "max_bytes")
 async def read(request: web.Request) -> web.StreamResponse:
     """A page of records assembled by Postgres (``runtime.reads.read_bodies``). A page of one part is
     answered whole, with its length; a larger one (a reader catching up asks for pages of megabytes) is
@@ -147,24 +155,71 @@ async def _write_records(response: web.StreamResponse, body: Body, before: bytes
 
 
 @routes.post("/runs/{run_id}/streams")
+@query()
 async def create_stream(request: web.Request) -> web.Response:
+    """Define a stream: ``{"stream_id"}`` alone makes it from the default template, ``template`` names
+    another, ``pins`` without a template are the whole pins (as before templates existed), and with one
+    are merged over it. The stored pins are the whole resolved document."""
     app = state_of(request)
     principal = await principal_of(request)
     run_id = check_id("run_id", request.match_info["run_id"])
-    body = json_object(await read_json(request), {"stream_id", "pins"}, {"stream_id", "pins"})
+    body = json_object(await read_json(request), {"stream_id", "pins", "template"}, {"stream_id"})
     if not isinstance(body["stream_id"], str):
         raise InvalidInput("stream_id must be a string", field="stream_id")
     stream_id = check_id("stream_id", body["stream_id"])
-    pins = parse_pins(body["pins"])
+    pins = _requested_pins(app.settings.templates, body, principal)
     check_metadata_home(pins, app.settings.metadata_region)
     async with app.pool.acquire() as conn:
         # only those who may see an existing stream learn of it (the store answers Forbidden otherwise)
-        definition, created = await definitions.create_definition(conn, run_id, stream_id, pins, principal)
+        definition, created = await definitions.create_definition(
+            conn, run_id, stream_id, pins, principal, refusal=refusal(pins, app.settings.served)
+        )
     location = f"{request.app.router['get_stream'].url_for(run_id=run_id, stream_id=stream_id)}"
     return json_response(definition.to_json(), status=201 if created else 200, headers={"Location": location})
 
 
+def _requested_pins(templates: Templates, body: dict[str, Any], principal: Principal) -> StreamPins:
+    template, pins = body.get("template"), body.get("pins")
+    if template is not None and not isinstance(template, str):
+        raise InvalidInput("template must be the name of a pins template", field="template")
+    if pins is not None and not isinstance(pins, dict):
+        raise InvalidInput("pins must be a JSON object", field="pins")
+    if pins is not None and template is None:
+        return parse_pins(pins)
+    return templates.resolve(template, principal.name, pins)
+
+
+@routes.get("/runs")
+@query("after", "limit")
+async def list_runs(request: web.Request) -> web.Response:
+    """The runs in which this principal may see at least one stream, ``limit`` at a time after ``after``."""
+    app = state_of(request)
+    principal = await principal_of(request)
+    after = request.query.get("after", "")
+    if after:
+        check_id("after", after)
+    async with app.pool.acquire() as conn:
+        listing = await definitions.list_runs(conn, after, _limit(request), principal)
+    return json_response({"runs": listing.runs, "next_after": listing.next_after})
+
+
+@routes.get("/templates")
+@query()
+async def list_templates(request: web.Request) -> web.Response:
+    """The pins templates a create may name, each with the pins it resolves to for this principal."""
+    app = state_of(request)
+    principal = await principal_of(request)
+    templates = app.settings.templates
+    names = ["default", *sorted(set(templates.named) - {"default"})]
+    listed = []
+    for name in names:
+        template = templates.get(name)
+        listed.append({**template.to_json(), "resolved": templates.resolve(name, principal.name).canonical()})
+    return json_response({"templates": listed})
+
+
 @routes.get("/runs/{run_id}/streams")
+@query("after", "limit")
 async def list_streams(request: web.Request) -> web.Response:
     """The run's streams this principal may see, ``limit`` at a time after ``after``
     (``definitions.list_streams`` says how invisible streams are skipped without a trace)."""
@@ -186,16 +241,35 @@ async def list_streams(request: web.Request) -> web.Response:
 
 
 @routes.get(STREAM, name="get_stream")
+@query()
 async def get_stream(request: web.Request) -> web.Response:
+    """The definition and what the database holds for it: unread against the ceilings, consumers and
+    their lag, holds, input deliveries by state, objects in flight, the owner."""
     app = state_of(request)
     principal = await principal_of(request)
     run_id, stream_id = stream_key(request)
     async with app.pool.acquire() as conn:
-        definition, state = await definitions.get_stream(conn, run_id, stream_id, principal)
-    return json_response({**definition.to_json(), "state": state.to_json()})
+        definition, detail = await definitions.get_stream(conn, run_id, stream_id, principal)
+    return json_response({**definition.to_json(), "state": detail.to_json()})
+
+
+@routes.delete(STREAM)
+@query()
+async def delete_stream(request: web.Request) -> web.Response:
+    """Delete a stream and its records (the ``delete`` right; ``409 stream_held`` while a legal hold
+    exists); its objects are queued for deletion from S3. Its name can be defined again."""
+    app = state_of(request)
+    principal = await principal_of(request)
+    run_id, stream_id = stream_key(request)
+    queued = await committed(
+        app.pool, app.hub, lambda conn: definitions.delete_stream(conn, run_id, stream_id, principal)
+    )
+    log.info("stream %s/%s deleted by %s; %d objects queued", run_id, stream_id, principal.name, len(queued))
+    return json_response({"run_id": run_id, "stream_id": stream_id, "deleted": True, "objects_queued": len(queued)})
 
 
 @routes.post(STREAM + "/consumers/{consumer_id}/ack")
+@query()
 async def ack(request: web.Request) -> web.Response:
     app = state_of(request)
     principal = await principal_of(request)
@@ -212,6 +286,7 @@ async def ack(request: web.Request) -> web.Response:
 
 
 @routes.post(STREAM + "/close")
+@query()
 async def close(request: web.Request) -> web.Response:
     app = state_of(request)
     principal = await principal_of(request)
@@ -223,6 +298,7 @@ async def close(request: web.Request) -> web.Response:
 
 
 @routes.put(STREAM + "/legal-hold")
+@query()
 async def legal_hold(request: web.Request) -> web.Response:
     app = state_of(request)
     principal = await principal_of(request)
@@ -241,6 +317,7 @@ async def legal_hold(request: web.Request) -> web.Response:
 
 
 @routes.get(STREAM + "/deliveries")
+@query()
 async def delivery_status(request: web.Request) -> web.Response:
     """Input delivery progress: counts by state, failed rows (they block the stream), the next due."""
     app = state_of(request)
@@ -252,6 +329,7 @@ async def delivery_status(request: web.Request) -> web.Response:
 
 
 @routes.post(STREAM + "/deliveries/requeue")
+@query()
 async def requeue_deliveries(request: web.Request) -> web.Response:
     """Once the wait service is fixed: failed deliveries are retried, in order."""
     app = state_of(request)
