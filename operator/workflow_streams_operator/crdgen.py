@@ -79,7 +79,29 @@ def pins_schema() -> dict[str, Any]:
     schema["x-kubernetes-validations"] = [
         {"rule": "self == oldSelf", "message": "pins are immutable; create a new stream instead"}
     ]
-    return schema
+    # With a template, pins hold only what changes in it, so no field is required here: the operator
+    # validates the resolved pins as the HTTP create does, and ``whole_pins_rule`` asks for the top-level
+    # fields where no template is named.
+    return _optional(schema)
+
+
+def _optional(node: dict[str, Any]) -> dict[str, Any]:
+    node.pop("required", None)
+    for prop in node.get("properties", {}).values():
+        _optional(prop)
+    if "items" in node:
+        _optional(node["items"])
+    return node
+
+
+def whole_pins_rule() -> dict[str, str]:
+    """``spec``: pins without a template are the whole pins (their top-level required fields given)."""
+    required = [camel(name) for name in StreamPins.model_json_schema()["required"]]
+    has = " && ".join(f"has(self.pins.{name})" for name in required)
+    return {
+        "rule": f"has(self.template) || !has(self.pins) || ({has})",
+        "message": f"without a template, pins must be whole: {', '.join(required)}",
+    }
 
 
 def _cel_list(values: list[str]) -> str:
@@ -204,9 +226,13 @@ def _immutable(what: str) -> list[dict[str, str]]:
 def workflowstream_crd() -> dict[str, Any]:
     spec = {
         "type": "object",
-        "description": "Which data-plane stream this is and its pins. The operator creates the Postgres "
-        "definition with the same validation as the HTTP create, and the bucket policies of its object regions.",
-        "required": ["runId", "streamId", "pins"],
+        "description": "Which data-plane stream this is and its pins: `pins` whole, or a `template` (the "
+        "default one when neither is given) with `pins` changing parts of it. The operator creates the Postgres "
+        "definition with the same validation as the HTTP create, and the bucket policies of its object regions. "
+        "The stream belongs to this object: another WorkflowStream naming it, or naming a run of another "
+        "namespace, is refused (Ready=False, OwnedElsewhere).",
+        "required": ["runId", "streamId"],
+        "x-kubernetes-validations": [whole_pins_rule()],
         "properties": {
             "runId": {
                 "type": "string",
@@ -219,6 +245,15 @@ def workflowstream_crd() -> dict[str, Any]:
                 "description": "The stream's id within the run. Immutable.",
                 "pattern": ID_PATTERN,
                 "x-kubernetes-validations": _immutable("streamId"),
+            },
+            "template": {
+                "type": "string",
+                "description": "A pins template the platform configured (WFS_PINS_TEMPLATES; `default` when "
+                "unset and no pins are given), resolved with every service account of this namespace as the "
+                "creator. The stored pins are the whole resolved document. Immutable.",
+                "minLength": 1,
+                "maxLength": 128,
+                "x-kubernetes-validations": _immutable("template"),
             },
             "pins": pins_schema(),
         },
@@ -233,8 +268,14 @@ def workflowstream_crd() -> dict[str, Any]:
                 "type": "string",
                 "description": "SHA-256 of the stored Postgres definition's pins (its pins_digest).",
             },
+            "objectRegions": {
+                "type": "array",
+                "items": {"type": "string"},
+                "description": "The stored pins' object regions, whose bucket policies the operator keeps.",
+            },
             "conditions": _conditions(
-                "DefinitionSynced, BucketPolicySynced, Ready, LegalHold, and Deleting while a deletion is blocked"
+                "DefinitionSynced, BucketPolicySynced, Ready (False with OwnedElsewhere for a stream or run "
+                "another object or namespace owns), LegalHold, and Deleting while a deletion is blocked"
             ),
         },
     }
@@ -247,7 +288,7 @@ def workflowstream_crd() -> dict[str, Any]:
     columns = [
         {"name": "Run", "type": "string", "jsonPath": ".spec.runId"},
         {"name": "Stream", "type": "string", "jsonPath": ".spec.streamId"},
-        {"name": "Direction", "type": "string", "jsonPath": ".spec.pins.direction"},
+        {"name": "Template", "type": "string", "jsonPath": ".spec.template"},
         {"name": "Ready", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Ready")].status'},
         {"name": "Held", "type": "string", "jsonPath": '.status.conditions[?(@.type=="LegalHold")].status'},
         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},

@@ -18,14 +18,16 @@ import prometheus_client
 from botocore.exceptions import BotoCoreError, ClientError
 
 from workflow_streams.adapters.objectstore import ObjectStore
+from workflow_streams.domain.admission import refusal
 from workflow_streams.domain.authz import Trusted
-from workflow_streams.domain.errors import NotFound, PinsConflict, StreamError, StreamHeld
-from workflow_streams.domain.pins import parse_pins
+from workflow_streams.domain.errors import NotFound, OwnedElsewhere, PinsConflict, StreamError, StreamHeld
+from workflow_streams.domain.ownership import ADOPT_ANNOTATION, Owner, check_run_prefix
+from workflow_streams.domain.pins import StreamPins, parse_pins
 from workflow_streams.domain.placement import check_metadata_home
+from workflow_streams.domain.templates import NAMESPACE_CREATOR, Templates
 from workflow_streams.runtime.holds import apply_legal_hold
 from workflow_streams.store import definitions, notify
 from workflow_streams.store.db import DB_UNAVAILABLE, create_pool
-from workflow_streams.store.retention import is_held
 
 from . import bucketpolicy, peering
 from .conditions import set_condition
@@ -88,10 +90,27 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
 
 @kopf.index(GROUP, VERSION, STREAMS)
 def stream_ids(
-    namespace: str | None, name: str, spec: kopf.Spec, **_: Any
-) -> dict[tuple[str | None, str], tuple[str, str]]:
-    """(namespace, name) -> (runId, streamId), so holds can find their stream without an API call."""
-    return {(namespace, name): (spec["runId"], spec["streamId"])}
+    namespace: str | None, name: str, uid: str | None, spec: kopf.Spec, **_: Any
+) -> dict[tuple[str | None, str], tuple[str, str, str]]:
+    """(namespace, name) -> (runId, streamId, uid), so holds can find their stream, and act only as its
+    owner object, without an API call."""
+    return {(namespace, name): (spec["runId"], spec["streamId"], uid or "")}
+
+
+def _owner(namespace: str | None, name: str, uid: str | None) -> Owner:
+    """The object as a stream's owner. The operator watches namespaced objects, so a namespace is there."""
+    return Owner(namespace or "", name, uid or "")
+
+
+def resolve_pins(spec: Mapping[str, Any], namespace: str, templates: Templates) -> StreamPins:
+    """A WorkflowStream's pins: ``spec.pins`` whole, or ``spec.template`` (default: the default template)
+    with ``spec.pins`` merged over it, for every service account of the object's namespace as creator."""
+    template, raw = spec.get("template"), spec.get("pins")
+    if raw is not None and template is None:
+        return parse_pins(pins_from_spec(raw))
+    creator = NAMESPACE_CREATOR.format(namespace=namespace)
+    overrides = pins_from_spec(raw) if raw is not None else None
+    return templates.resolve(template, creator, overrides, namespace=namespace)
 
 
 def _conditions(status: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -102,11 +121,22 @@ def _conditions(status: Mapping[str, Any]) -> list[dict[str, Any]]:
 @kopf.on.create(GROUP, VERSION, STREAMS)
 @kopf.on.update(GROUP, VERSION, STREAMS)
 async def reconcile_stream(
-    spec: kopf.Spec, status: kopf.Status, meta: kopf.Meta, patch: kopf.Patch, memo: kopf.Memo, **_: Any
+    spec: kopf.Spec,
+    status: kopf.Status,
+    meta: kopf.Meta,
+    patch: kopf.Patch,
+    memo: kopf.Memo,
+    body: kopf.Body,
+    namespace: str | None,
+    name: str,
+    uid: str | None,
+    **_: Any,
 ) -> None:
     generation = meta.get("generation")
     conditions = _conditions(status)
     run_id, stream_id = spec["runId"], spec["streamId"]
+    settings = memo.settings
+    owner = _owner(namespace, name, uid)
 
     def mark(type_: str, ok: bool, reason: str, message: str) -> None:
         nonlocal conditions
@@ -115,25 +145,40 @@ async def reconcile_stream(
         patch.status["observedGeneration"] = generation
 
     try:
-        pins = parse_pins(pins_from_spec(spec["pins"]))
-        check_metadata_home(pins, memo.settings.shared.metadata_region)
+        check_run_prefix(run_id, settings.run_prefix, owner.namespace)
+        pins = resolve_pins(spec, owner.namespace, settings.shared.templates)
+        check_metadata_home(pins, settings.shared.metadata_region)
+        adopt = settings.adopt and meta.get("annotations", {}).get(ADOPT_ANNOTATION) == "true"
         async with memo.pool.acquire() as conn:
-            definition, created = await definitions.create_definition(conn, run_id, stream_id, pins, Trusted(OPERATOR))
+            definition, created = await definitions.create_definition(
+                conn,
+                run_id,
+                stream_id,
+                pins,
+                Trusted(OPERATOR, owner),
+                refusal=refusal(pins, settings.shared.served),
+                adopt=adopt,
+            )
     except (PinsConflict, StreamError) as exc:
-        mark("DefinitionSynced", False, _reason(exc.code), exc.detail)
-        mark("Ready", False, "DefinitionNotSynced", exc.detail)
+        reason = _reason(exc.code)
+        mark("DefinitionSynced", False, reason, _detail(exc))
+        mark("Ready", False, reason if isinstance(exc, OwnedElsewhere) else "DefinitionNotSynced", _detail(exc))
         RECONCILES.labels("workflowstream", "permanent_error").inc()
-        raise kopf.PermanentError(f"{exc.code}: {exc.detail}") from None
+        kopf.warn(body, reason=reason, message=_detail(exc))
+        raise kopf.PermanentError(f"{exc.code}: {_detail(exc)}") from None
     except DB_UNAVAILABLE as exc:
         mark("DefinitionSynced", False, "DatabaseUnavailable", str(exc))
         mark("Ready", False, "DefinitionNotSynced", "waiting for the database")
         raise kopf.TemporaryError(f"database unavailable: {exc}", delay=RETRY_SECONDS) from None
     patch.status["pinsDigest"] = definition.pins_digest
+    # what the deletion needs when spec.pins does not hold them whole (a template)
+    patch.status["objectRegions"] = list(definition.pins.placement.object_regions)
     mark("DefinitionSynced", True, "Created" if created else "UpToDate", "the Postgres definition matches")
 
     try:
+        placement = definition.pins.placement
         synced = await _sync_bucket_policies(
-            memo, run_id, stream_id, pins.placement.object_regions, pins.placement.client_egress_regions
+            memo, run_id, stream_id, placement.object_regions, placement.client_egress_regions
         )
     except (*S3_ERRORS, StreamError) as exc:
         mark("BucketPolicySynced", False, "ObjectStoreError", str(exc))
@@ -170,16 +215,25 @@ async def delete_stream(
     patch: kopf.Patch,
     memo: kopf.Memo,
     logger: kopf.Logger,
+    namespace: str | None,
+    name: str,
+    uid: str | None,
     **_: Any,
 ) -> None:
-    """Close the stream and schedule its objects for deletion; blocked while a legal hold exists."""
+    """Close the stream and schedule its objects for deletion; blocked while a legal hold exists. Only
+    the stream's owner deletes it: an object refused as another's claimant goes without touching it."""
     run_id, stream_id = spec["runId"], spec["streamId"]
     try:
         async with memo.pool.acquire() as conn:
-            deleted = await definitions.delete_stream(conn, run_id, stream_id, Trusted(OPERATOR))
+            deleted = await definitions.delete_stream(
+                conn, run_id, stream_id, Trusted(OPERATOR, _owner(namespace, name, uid))
+            )
             # committed: the replicas' subscribers see the stream end (the operator has no wake hub)
             await notify.send(conn, deleted.signals, sender="operator")
         queued = deleted.value
+    except OwnedElsewhere as exc:
+        logger.info("stream %s/%s left as it is: %s", run_id, stream_id, exc.detail)
+        return
     except StreamHeld as exc:
         patch.status["conditions"] = set_condition(
             _conditions(status), "Deleting", False, "LegalHold", exc.detail, meta.get("generation")
@@ -189,9 +243,10 @@ async def delete_stream(
         raise kopf.TemporaryError(f"database unavailable: {exc}", delay=RETRY_SECONDS) from None
     logger.info("stream %s/%s deleted; %d objects queued for deletion", run_id, stream_id, len(queued))
     object_store: ObjectStore | None = memo.object_store
+    regions = status.get("objectRegions") or (spec.get("pins") or {}).get("placement", {}).get("objectRegions", [])
     if object_store is not None:
         sid = bucketpolicy.statement_id(run_id, stream_id)
-        for region in spec["pins"]["placement"]["objectRegions"]:
+        for region in regions:
             try:
                 bucket = object_store.bucket(region)
                 async with memo.bucket_locks[bucket]:
@@ -229,13 +284,31 @@ async def report_legal_hold(
     changed.clear()
     try:
         async with memo.pool.acquire() as conn:
-            held = await is_held(conn, key[0], key[1])
+            found = await definitions.ownership(conn, key[0], key[1])
     except DB_UNAVAILABLE:
         return
     conditions = _conditions(status)
+    owner = _owner(kwargs.get("namespace"), kwargs["name"], kwargs.get("uid"))
+    ready = next((c for c in conditions if c.get("type") == "Ready"), None)
+    owned = found.owner == owner
+    # Ready only while Postgres holds this object's definition (a database restored from a backup, a
+    # stream deleted by hand); a claimant refused as another's was never Ready
+    if not owned and ready is not None and ready.get("status") == "True":
+        reason = "DefinitionMissing" if not found.exists else "OwnedElsewhere"
+        message = (
+            f"Postgres has no definition of {key[0]}/{key[1]}"
+            if not found.exists
+            else f"{key[0]}/{key[1]} belongs to {found.owner.describe() if found.owner else 'the HTTP API'}"
+        )
+        conditions = set_condition(conditions, "Ready", False, reason, message, meta.get("generation"))
+        patch.status["conditions"] = conditions
+        kopf.warn(kwargs["body"], reason=reason, message=message)
+    held = owned and found.held  # another's holds are not this object's to show
     current = _current_condition(status)
-    if current is None or current.get("status") != ("True" if held else "False"):
-        message = "a legal hold stops pruning and deletion" if held else "no legal hold"
+    message = "a legal hold stops pruning and deletion" if held else "no legal hold"
+    if not owned:
+        message = "no legal hold of this object's: it owns no stream (see Ready)"
+    if current is None or current.get("status") != ("True" if held else "False") or current.get("message") != message:
         patch.status["conditions"] = set_condition(
             conditions, "LegalHold", held, "Held" if held else "NotHeld", message, meta.get("generation")
         )
@@ -257,7 +330,7 @@ async def _news(changed: asyncio.Event, stopped: kopf.DaemonStopped) -> bool:
     return not stopped
 
 
-def _hold_target(spec: kopf.Spec, namespace: str | None, stream_ids: kopf.Index[Any, Any]) -> tuple[str, str]:
+def _hold_target(spec: kopf.Spec, namespace: str | None, stream_ids: kopf.Index[Any, Any]) -> tuple[str, str, str]:
     key = (namespace, spec["streamRef"]["name"])
     if key not in stream_ids:
         raise kopf.TemporaryError(f"WorkflowStream {key[1]!r} not found in {namespace}", delay=RETRY_SECONDS)
@@ -265,10 +338,10 @@ def _hold_target(spec: kopf.Spec, namespace: str | None, stream_ids: kopf.Index[
     return ids  # type: ignore[no-any-return]
 
 
-def _requester(spec: kopf.Spec) -> Trusted:
+def _requester(spec: kopf.Spec, namespace: str | None, uid: str) -> Trusted:
     """Who asked for the hold, as recorded: Kubernetes RBAC on StreamLegalHold objects authorized it,
-    not the stream's pins."""
-    return Trusted(spec["requestedBy"])
+    not the stream's pins, for the WorkflowStream it names, which must own the stream."""
+    return Trusted(spec["requestedBy"], _owner(namespace, spec["streamRef"]["name"], uid))
 
 
 def hold_id(namespace: str | None, name: str) -> str:
@@ -286,12 +359,20 @@ async def place_hold(
     memo: kopf.Memo,
     **kwargs: Any,
 ) -> None:
-    run_id, stream_id = _hold_target(spec, namespace, kwargs["stream_ids"])
+    run_id, stream_id, uid = _hold_target(spec, namespace, kwargs["stream_ids"])
     reason = f"matter {spec['matterId']}: {spec['reason']}"
+    requester = _requester(spec, namespace, uid)
     try:
         await apply_legal_hold(
-            memo.pool, memo.object_store, run_id, stream_id, hold_id(namespace, name), True, reason, _requester(spec)
+            memo.pool, memo.object_store, run_id, stream_id, hold_id(namespace, name), True, reason, requester
         )
+    except OwnedElsewhere as exc:
+        message = f"WorkflowStream {spec['streamRef']['name']} does not own {run_id}/{stream_id}: {exc.detail}"
+        patch.status["conditions"] = set_condition(
+            [], "Applied", False, "OwnedElsewhere", message, meta.get("generation")
+        )
+        kopf.warn(kwargs["body"], reason="OwnedElsewhere", message=message)
+        raise kopf.PermanentError(f"owned_elsewhere: {message}") from None
     except NotFound:
         raise kopf.TemporaryError("the stream has no definition yet", delay=RETRY_SECONDS) from None
     except (*DB_UNAVAILABLE, *S3_ERRORS) as exc:
@@ -320,13 +401,28 @@ async def release_hold(
     (ids,) = stream_ids[key]
     try:
         await apply_legal_hold(
-            memo.pool, memo.object_store, ids[0], ids[1], hold_id(namespace, name), False, "", _requester(spec)
+            memo.pool,
+            memo.object_store,
+            ids[0],
+            ids[1],
+            hold_id(namespace, name),
+            False,
+            "",
+            _requester(spec, namespace, ids[2]),
         )
-    except NotFound:
+    except (NotFound, OwnedElsewhere):  # nothing of this hold's is on a stream its object does not own
         return
     except (*DB_UNAVAILABLE, *S3_ERRORS) as exc:
         raise kopf.TemporaryError(f"hold not yet released: {exc}", delay=RETRY_SECONDS) from None
     memo.hold_changes[(ids[0], ids[1])].set()
+
+
+def _detail(exc: StreamError) -> str:
+    """A refusal's detail with its field errors, which say what to fix."""
+    problems = exc.extra.get("errors") or []
+    if not problems:
+        return exc.detail
+    return exc.detail + ": " + "; ".join(f"{e['field']}: {e['message']}" for e in problems)
 
 
 def _reason(code: str) -> str:

@@ -13,7 +13,7 @@ import random
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from workflow_streams.adapters.config import Settings
+from workflow_streams.adapters.config import Settings, SettingsError
 
 
 @dataclass(frozen=True)
@@ -26,6 +26,10 @@ class OperatorSettings:
     peering_lifetime: int
     # 0: no metrics server
     metrics_port: int
+    # streams made over HTTP may be adopted by a WorkflowStream annotated workflowstreams.dev/adopt: "true"
+    adopt: bool = False
+    # a namespace's run ids start with this ({namespace} stands for it); "": any run id, first come
+    run_prefix: str = ""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> OperatorSettings:
@@ -34,9 +38,29 @@ class OperatorSettings:
             namespace=env.get("WFS_OPERATOR_NAMESPACE") or None,
             peering_name=env.get("WFS_OPERATOR_PEERING", "workflow-streams"),
             peering_priority=priority(env.get("WFS_OPERATOR_PRIORITY")),
-            peering_lifetime=int(env.get("WFS_OPERATOR_PEERING_LIFETIME", "30")),
-            metrics_port=int(env.get("WFS_OPERATOR_METRICS_PORT", "8081")),
+            peering_lifetime=_integer(env, "WFS_OPERATOR_PEERING_LIFETIME", 30),
+            metrics_port=_integer(env, "WFS_OPERATOR_METRICS_PORT", 8081),
+            adopt=_boolean(env, "WFS_OPERATOR_ADOPT"),
+            run_prefix=env.get("WFS_OPERATOR_RUN_PREFIX", ""),
         )
+
+
+def _integer(env: Mapping[str, str], name: str, default: int) -> int:
+    text = env.get(name, "").strip()
+    if not text:
+        return default
+    if not text.lstrip("-").isdigit():
+        raise SettingsError(name, f"{name} must be an integer, not {text!r}")
+    return int(text)
+
+
+def _boolean(env: Mapping[str, str], name: str) -> bool:
+    text = env.get(name, "").strip().lower()
+    if text in ("", "0", "false", "no"):
+        return False
+    if text in ("1", "true", "yes"):
+        return True
+    raise SettingsError(name, f"{name} must be true or false, not {text!r}")
 
 
 def priority(text: str | None) -> int:

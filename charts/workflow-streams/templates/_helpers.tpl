@@ -43,6 +43,10 @@ app.kubernetes.io/component: {{ .component }}
 {{- end }}
 - name: WFS_REGION_CIDRS
   value: {{ .Values.regionCidrs | toJson | quote }}
+{{- if .Values.pinsTemplates }}
+- name: WFS_PINS_TEMPLATES
+  value: {{ .Values.pinsTemplates | toJson | quote }}
+{{- end }}
 {{- if .Values.objectStore.existingSecret }}
 - name: WFS_S3_REGIONS
   valueFrom:
