@@ -1,5 +1,5 @@
-"""CLI subcommands on the client: create, get, ls, read, tail, append, ack, close, deliveries, requeue,
-hold, release, completion.
+"""CLI subcommands on the client: create, get, ls, delete, templates, read, tail, append, ack, close,
+deliveries, requeue, hold, release, completion.
 
 Every command prints text for people, or with ``--json`` one JSON document (``tail``/``read``: one
 record per line). Failures are one line on stderr, ``error: <status> <code>: <detail>``, and exit
@@ -15,7 +15,7 @@ import json
 import math
 import os
 import sys
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -85,26 +85,60 @@ def add_commands(sub: Any) -> None:
     create = command(
         "create",
         _create,
-        "define a stream from a pins file (idempotent for the same pins)",
-        "Define a stream: POST /runs/{run}/streams with the pins of a JSON or YAML file (or a whole create\n"
-        "body). The same pins again answer the existing definition; other pins are 409 pins_conflict.",
+        "define a stream (from the default template, a named one, or a pins file)",
+        "Define a stream: POST /runs/{run}/streams. Without options the server's default template makes it\n"
+        "(its regions, every right for you); --template names another (`workflow-streams templates`), and\n"
+        "--pins either gives the whole pins or, with --template, the pins to change in it. The stored pins\n"
+        "are the whole resolved document and immutable: the same pins again answer the existing definition,\n"
+        "other pins are 409 pins_conflict naming the fields that differ.\n\n"
+        "  workflow-streams create run-1 answers\n"
+        "  workflow-streams create run-1 audit --template audited\n"
+        "  workflow-streams create run-1 input --pins pins.yaml",
     )
     client_args(create)
-    create.add_argument("--pins", required=True, type=Path, help="JSON or YAML pins, or '-' for stdin")
+    create.add_argument(
+        "--pins", type=Path, help="a pins file: .json is read as JSON, anything else as YAML; '-' for stdin (YAML)"
+    )
+    create.add_argument("--template", help="a pins template of the server's (default: its default template)")
 
     get = command(
-        "get", _get, "a stream's definition and state", "A stream's definition (pins, digest, creator) and state."
+        "get",
+        _get,
+        "a stream's definition and state: unread, consumers, holds, deliveries",
+        "A stream's definition (pins, digest, creator, owner) and what Postgres holds for it: unread records\n"
+        "and bytes against the credit ceilings (why a producer is blocked), each consumer's ack and lag,\n"
+        "legal holds, input deliveries by state and objects being uploaded.",
     )
     client_args(get)
 
     ls = command(
         "ls",
         _ls,
-        "a run's streams",
-        "The run's streams this token may see, in stream id order (all pages), with direction, content\n"
-        "class, latest sequence and whether each is closed.",
+        "the runs you may see, or a run's streams",
+        "Without a run: the runs in which this token may see a stream, with how many. With one: the run's\n"
+        "streams this token may see, in stream id order (all pages), with direction, content class,\n"
+        "latest sequence and whether each is closed.",
     )
-    client_args(ls, stream=False)
+    add_global_options(ls)
+    ls.add_argument("run_id", nargs="?", help="the run (default: list the runs)")
+
+    delete = command(
+        "delete",
+        _delete,
+        "delete a stream and its records",
+        "Delete a stream: its records go, its objects are queued for deletion from S3, and its name can be\n"
+        "defined again. Needs the stream's delete right; refused (409 stream_held) while a legal hold exists,\n"
+        "and (409 owned_elsewhere) for a stream a WorkflowStream owns: delete that object instead.",
+    )
+    client_args(delete)
+
+    templates = command(
+        "templates",
+        _templates,
+        "the server's pins templates",
+        "The pins templates `create --template` may name, with what each sets.",
+    )
+    add_global_options(templates)
 
     read = command(
         "read",
@@ -303,15 +337,25 @@ def _progress_disabled(args: argparse.Namespace) -> bool | None:
 
 
 def _load_pins(path: Path) -> dict[str, Any]:
+    """A pins file by its extension: ``.json`` as JSON (an error says its line and column), anything
+    else and stdin as YAML."""
     raw = sys.stdin.buffer.read() if str(path) == "-" else path.read_bytes()
     try:
         text = raw.decode()
     except UnicodeDecodeError:
         raise UsageError("invalid_pins_file", f"{path} is not a text file of JSON or YAML pins") from None
-    try:
-        pins = yaml.safe_load(text)  # YAML is a superset of JSON
-    except yaml.YAMLError as exc:
-        raise UsageError("invalid_pins_file", f"{path} is neither JSON nor YAML: {exc}") from None
+    if path.suffix.lower() == ".json":
+        try:
+            pins = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise UsageError(
+                "invalid_pins_file", f"{path}: not valid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}"
+            ) from None
+    else:
+        try:
+            pins = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise UsageError("invalid_pins_file", f"{path} is not valid YAML: {' '.join(str(exc).split())}") from None
     if isinstance(pins, dict) and isinstance(pins.get("pins"), dict):
         pins = pins["pins"]  # a whole create body is fine too
     if not isinstance(pins, dict):
@@ -320,10 +364,30 @@ def _load_pins(path: Path) -> dict[str, Any]:
 
 
 async def _create(args: argparse.Namespace) -> None:
-    pins = _load_pins(args.pins)
+    pins = _load_pins(args.pins) if args.pins is not None else None
     async with _client(args) as client:
-        body = await client.create_stream(args.run_id, args.stream_id, pins)
-    _emit(args, body, f"{args.run_id}/{args.stream_id} defined (pins digest {body.get('pins_digest', '?')})")
+        body = await client.create_stream(args.run_id, args.stream_id, pins, args.template)
+    how = f"from template {args.template}" if args.template else "from the pins file" if pins else "from the default"
+    _emit(args, body, f"{args.run_id}/{args.stream_id} defined {how} (pins digest {body.get('pins_digest', '?')})")
+
+
+async def _delete(args: argparse.Namespace) -> None:
+    async with _client(args) as client:
+        body = await client.delete_stream(args.run_id, args.stream_id)
+    queued = body.get("objects_queued", 0)
+    _emit(args, body, f"{args.run_id}/{args.stream_id} deleted; {queued} object(s) queued for deletion")
+
+
+async def _templates(args: argparse.Namespace) -> None:
+    async with _client(args) as client:
+        templates = await client.list_templates()
+    lines = []
+    for template in templates:
+        where = ", ".join(template["namespaces"]) if template.get("namespaces") else "every namespace"
+        lines.append(f"{template['name']}: {template.get('description') or '(no description)'} [{where}]")
+        for key, value in sorted(template.get("pins", {}).items()):
+            lines.append(f"  {key}: {json.dumps(value)}")
+    _emit(args, templates, "\n".join(lines))
 
 
 async def _get(args: argparse.Namespace) -> None:
@@ -334,21 +398,49 @@ async def _get(args: argparse.Namespace) -> None:
 
 def _describe(body: dict[str, Any]) -> str:
     pins, state = body.get("pins", {}), body.get("state", {})
-    holds = ", ".join(h.get("hold_id", "?") for h in state.get("legal_holds", [])) or "none"
-    return "\n".join(
-        [
-            f"{body['run_id']}/{body['stream_id']}: {pins.get('direction')} {pins.get('content_class')}"
-            f" ({pins.get('schema_ref')})",
-            f"  sequences  {state.get('earliest_sequence')}..{state.get('last_sequence')}",
-            f"  closed     {'yes, by ' + str(state.get('closed_by')) if state.get('closed') else 'no'}",
-            f"  holds      {holds}",
-            f"  created    {body.get('created_at')} by {body.get('created_by')}",
-            f"  pins       {body.get('pins_digest')}",
-        ]
-    )
+    holds = ", ".join(f"{h.get('hold_id', '?')} ({h.get('reason')})" for h in state.get("legal_holds", [])) or "none"
+    owner = state.get("owner")
+    lines = [
+        f"{body['run_id']}/{body['stream_id']}: {pins.get('direction')} {pins.get('content_class')}"
+        f" ({pins.get('schema_ref')})",
+        f"  sequences  {state.get('earliest_sequence')}..{state.get('last_sequence')}",
+    ]
+    unread = state.get("unread")
+    if unread:
+        full = "  FULL: appends wait or get 429 until consumers acknowledge" if unread.get("full") else ""
+        lines.append(
+            f"  unread     {unread['items']} of {unread['max_items']} records, {unread['bytes']} of"
+            f" {unread['max_bytes']} bytes (after {unread['after_sequence']}){full}"
+        )
+    total = state.get("total")
+    if total and (total.get("max_items") or total.get("max_bytes")):
+        lines.append(
+            f"  total      {total['items']} of {total.get('max_items') or 'unlimited'} records, {total['bytes']} of"
+            f" {total.get('max_bytes') or 'unlimited'} bytes"
+        )
+    consumers = state.get("consumers")
+    if consumers is not None:
+        shown = ", ".join(f"{c['consumer_id']} at {c['acked_sequence']} (lag {c['lag']})" for c in consumers)
+        lines.append(f"  consumers  {shown or 'none (every retained record counts as unread)'}")
+    lines.append(f"  closed     {'yes, by ' + str(state.get('closed_by')) if state.get('closed') else 'no'}")
+    lines.append(f"  holds      {holds}")
+    deliveries = state.get("deliveries")
+    if deliveries:
+        lines.append("  deliveries " + ", ".join(f"{n} {s}" for s, n in deliveries.items()))
+    in_flight = state.get("objects_in_flight")
+    if in_flight and any(in_flight.values()):
+        lines.append("  uploading  " + ", ".join(f"{n} {s}" for s, n in in_flight.items()))
+    if owner:
+        lines.append(f"  owner      {owner.get('kind')} {owner.get('namespace')}/{owner.get('name')}")
+    lines.append(f"  created    {body.get('created_at')} by {body.get('created_by')}")
+    lines.append(f"  pins       {body.get('pins_digest')}")
+    return "\n".join(lines)
 
 
 async def _ls(args: argparse.Namespace) -> None:
+    if args.run_id is None:
+        await _ls_runs(args)
+        return
     async with _client(args) as client:
         streams = await client.list_streams(args.run_id)
     if args.json:
@@ -363,6 +455,25 @@ async def _ls(args: argparse.Namespace) -> None:
         closed = "yes" if state.get("closed") else "no" if state else "?"
         last = str(state.get("last_sequence", "?"))
         rows.append((item["stream_id"], pins.get("direction", "?"), pins.get("content_class", "?"), last, closed))
+    _table(rows)
+
+
+async def _ls_runs(args: argparse.Namespace) -> None:
+    async with _client(args) as client:
+        runs = await client.list_runs()
+    if args.json:
+        print(json.dumps(runs), flush=True)
+        return
+    if not runs:
+        print("no runs with a stream that you may see", flush=True)
+        return
+    _table(
+        [("RUN", "STREAMS", "LATEST CREATED")]
+        + [(r["run_id"], str(r["streams"]), r["latest_created_at"]) for r in runs]
+    )
+
+
+def _table(rows: Sequence[tuple[str, ...]]) -> None:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
         print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip(), flush=True)
@@ -535,7 +646,7 @@ def _completion(args: argparse.Namespace) -> int:
         import argcomplete
     except ImportError:
         return _fail("missing_dependency: shell completion needs argcomplete (pip install argcomplete)")
-    print(argcomplete.shellcode(["workflow-streams"], shell=args.shell), end="")  # type: ignore[attr-defined]
+    print(argcomplete.shellcode(["workflow-streams"], shell=args.shell), end="")  # type: ignore[attr-defined,unused-ignore]
     return 0
 
 

@@ -154,12 +154,41 @@ class StreamsClient:
 
     # definitions
 
-    async def create_stream(self, run_id: str, stream_id: str, pins: dict[str, Any]) -> dict[str, Any]:
-        """Create (or find, if the pins are the same) a stream definition."""
-        body: dict[str, Any] = await self._checked(
-            "POST", self._url(run_id), json={"stream_id": stream_id, "pins": pins}
-        )
+    async def create_stream(
+        self, run_id: str, stream_id: str, pins: dict[str, Any] | None = None, template: str | None = None
+    ) -> dict[str, Any]:
+        """Create (or find, if the pins are the same) a stream definition: from the server's default
+        template when neither is given, from ``template``, with ``pins`` merged over it when both are,
+        or with ``pins`` as the whole pins."""
+        request: dict[str, Any] = {"stream_id": stream_id}
+        if pins is not None:
+            request["pins"] = pins
+        if template is not None:
+            request["template"] = template
+        body: dict[str, Any] = await self._checked("POST", self._url(run_id), json=request)
         return body
+
+    async def delete_stream(self, run_id: str, stream_id: str) -> dict[str, Any]:
+        """Delete the stream and its records (refused while a legal hold exists)."""
+        body: dict[str, Any] = await self._checked("DELETE", self._url(run_id, stream_id))
+        return body
+
+    async def list_runs(self) -> list[dict[str, Any]]:
+        """The runs in which this caller may see a stream, in run id order, following every page."""
+        runs: list[dict[str, Any]] = []
+        params: dict[str, str] = {}
+        while True:
+            body = await self._checked("GET", f"{self.base_url}{PREFIX}/runs", params=params)
+            runs += body["runs"]
+            if not body.get("next_after"):
+                return runs
+            params = {"after": body["next_after"]}
+
+    async def list_templates(self) -> list[dict[str, Any]]:
+        """The pins templates a create may name, each with the pins it resolves to for this caller."""
+        body = await self._checked("GET", f"{self.base_url}{PREFIX}/templates")
+        templates: list[dict[str, Any]] = body["templates"]
+        return templates
 
     async def get_stream(self, run_id: str, stream_id: str) -> dict[str, Any]:
         """The definition (pins, digest, creator) and its ``state`` (sequences, closed, holds)."""

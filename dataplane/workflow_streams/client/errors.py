@@ -12,8 +12,36 @@ class ProblemError(Exception):
         self.status = status
         self.code: str = body.get("code", f"http_{status}")
         self.detail: str = body.get("detail", "")
+        # field errors, e.g. of invalid pins: [{"field": "credit/polcy", "message": "..."}]
+        self.errors: list[dict[str, Any]] = body.get("errors") or []
         self.body = body
-        super().__init__(f"{status} {self.code}: {self.detail}")
+        super().__init__(describe(status, body))
+
+
+# what every problem has; the rest of its members are what it adds (numbers, names of fields)
+_STANDARD = frozenset({"type", "title", "status", "code", "detail", "errors", "instance"})
+
+
+def describe(status: int, body: dict[str, Any]) -> str:
+    """A problem in one line with what helps: ``422 invalid_definition: ...: credit/polcy: Extra inputs are
+    not permitted (field=...)``; its field errors, then its other members (``limit=..., earliest=...``)."""
+    code = body.get("code", f"http_{status}")
+    text = f"{status} {code}: {body.get('detail', '')}"
+    errors = body.get("errors") or []
+    if isinstance(errors, list) and errors:
+        text += ": " + "; ".join(
+            f"{e.get('field', '?')}: {e.get('message', '')}" if isinstance(e, dict) else str(e) for e in errors
+        )
+    extra = {k: v for k, v in body.items() if k not in _STANDARD and isinstance(v, str | int | float | bool | list)}
+    if extra:
+        text += " (" + ", ".join(f"{k}={_value(v)}" for k, v in extra.items()) + ")"
+    return text
+
+
+def _value(value: Any) -> str:
+    if isinstance(value, list):
+        return ",".join(str(v) for v in value)
+    return str(value)
 
 
 class CursorExpiredError(ProblemError):
