@@ -221,6 +221,11 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
 
 @pytest.fixture
 def namespace(kube: ControlPlane) -> str:
+    return make_namespace(kube)
+
+
+def make_namespace(kube: ControlPlane) -> str:
+    """A new namespace with the KopfPeering a namespaced operator in it needs."""
     name = f"t-{uuid.uuid4().hex[:8]}"
     kube.kubectl("create", "namespace", name)
     kube.kubectl(

@@ -27,6 +27,7 @@ class Replica:
             "WFS_TOKENS": json.dumps({"tok-alice": "alice"}),
             "WFS_PRUNE_INTERVAL_SECONDS": "0",
             "WFS_WORKERS": "1",  # one process, so kill() is a crash of the whole replica
+            "WFS_REGION": "eu-west-1",  # the region the test streams pin for client egress and logs
             **env_overrides,
         }
         self.process = Process(workflow_streams("serve"), log=log_path, env=env, name="replica")

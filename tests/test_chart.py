@@ -64,7 +64,15 @@ def test_the_crd_pins_schema_is_the_pins_model() -> None:
     pins = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["pins"]
     assert set(pins["properties"]) == {crdgen.camel(name) for name in StreamPins.model_fields}
     credit = pins["properties"]["credit"]["properties"]
-    assert credit["blockTimeoutMs"]["maximum"] == 60_000 and "policy" not in pins["properties"]["credit"]["required"]
+    assert credit["blockTimeoutMs"]["maximum"] == 60_000
+    # with a template pins hold only what changes: nothing is required inside them, and the spec's rule
+    # asks for the top-level fields of whole pins
+    assert "required" not in pins and "required" not in pins["properties"]["credit"]
+    spec = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    (whole,) = spec["x-kubernetes-validations"]
+    assert (
+        whole["rule"].startswith("has(self.template) || !has(self.pins)") and "has(self.pins.credit)" in whole["rule"]
+    )
     content_class = pins["properties"]["contentClass"]
     assert (
         "reasoning_summary" in content_class["description"] and "reasoningSummary" not in content_class["description"]

@@ -660,7 +660,7 @@ async def test_two_operator_replicas_one_leads_the_other_takes_over(release: Rel
         return log(pod).count("Handler 'reconcile_stream' succeeded")
 
     counts = reconciled(leader), reconciled(standby)
-    manifest = stream_manifest("first-ha", "chart-ha", "first-ha", authorization={"append": [APP]})
+    manifest = stream_manifest("first-ha", "chart-ha", "first-ha", authorization={"append": [APP], "read": [APP]})
     release.kubectl("apply", "-n", CLIENTS, "-f", "-", input=yaml.safe_dump(manifest))
     await wait_ready(release, "first-ha")
     assert reconciled(leader) > counts[0] and reconciled(standby) == counts[1], "only the leader works"
@@ -680,7 +680,7 @@ async def test_two_operator_replicas_one_leads_the_other_takes_over(release: Rel
 
         await eventually(lambda: asyncio.to_thread(took_over), within=60, interval=0.5,
                          message="the standby did not take over when the leader's pod went")  # fmt: skip
-        manifest = stream_manifest("second-ha", "chart-ha", "second-ha", authorization={"append": [APP]})
+        manifest = stream_manifest("second-ha", "chart-ha", "second-ha", authorization={"append": [APP], "read": [APP]})
         release.kubectl("apply", "-n", CLIENTS, "-f", "-", input=yaml.safe_dump(manifest))
         await wait_ready(release, "second-ha")
         assert reconciled(standby) > counts[1], "the standby reconciled the new stream"

@@ -325,4 +325,44 @@ def test_completion_completes_commands(tmp_path: Path) -> None:
         },
     )
     assert result.returncode == 0, result.stderr
-    assert set(out.read_text().split()) == {"deliveries", "dev"}
+    assert set(out.read_text().split()) == {"delete", "deliveries", "dev"}
+
+
+async def test_a_first_stream_in_one_command_and_errors_that_help(
+    server: Replica, env: dict[str, str], tmp_path: Path
+) -> None:
+    created = await acli("create", "run-first", "answers", env=env)
+    assert created.returncode == 0, created.stderr
+    assert "run-first/answers defined from the default" in created.stdout
+    stored = json.loads((await acli("get", "run-first", "answers", "--json", env=env)).stdout)["pins"]
+    assert stored["authorization"]["append"] == ["alice"] and stored["placement"]["object_regions"] == ["eu-west-1"]
+    assert (await acli("append", "run-first", "answers", '"hi"', env=env)).returncode == 0
+    assert (await acli("ack", "run-first", "answers", "reader", "1", env=env)).returncode == 0
+    described = (await acli("get", "run-first", "answers", env=env)).stdout
+    assert "unread     0 of 10000 records" in described, described
+    assert "consumers  reader at 1 (lag 0)" in described, described
+    runs = await acli("ls", env=env)
+    assert runs.returncode == 0 and runs.stdout.splitlines()[0].split() == ["RUN", "STREAMS", "LATEST", "CREATED"]
+    assert "run-first" in runs.stdout
+    deleted = await acli("delete", "run-first", "answers", env=env)
+    assert deleted.returncode == 0 and "deleted" in deleted.stdout, deleted.stderr
+    assert "run-first" not in (await acli("ls", env=env)).stdout
+
+    # the server's field errors reach the user: a typo in the pins
+    typo = pins()
+    typo["credit"]["polcy"] = "block"
+    (tmp_path / "typo.json").write_text(json.dumps(typo))
+    refused = await acli("create", "run-first", "typo", "--pins", str(tmp_path / "typo.json"), env=env)
+    one_line_error(refused, "422 invalid_definition")
+    assert "credit/polcy: Extra inputs are not permitted" in refused.stderr
+    # pins no region here can serve: the field is named
+    far = pins(placement={"object_regions": ["us-east-1"]})
+    (tmp_path / "far.yaml").write_text(yaml.safe_dump(far))
+    refused = await acli("create", "run-first", "far", "--pins", str(tmp_path / "far.yaml"), env=env)
+    one_line_error(refused, "422 invalid_definition")
+    assert "placement/object_regions" in refused.stderr
+    # a JSON file is read as JSON: a trailing comma is a JSON error with its line and column
+    (tmp_path / "comma.json").write_text('{\n  "direction": "output",\n}\n')
+    refused = await acli("create", "run-first", "comma", "--pins", str(tmp_path / "comma.json"), env=env)
+    one_line_error(refused, "invalid_pins_file")
+    assert "line 3, column 1" in refused.stderr

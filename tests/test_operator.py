@@ -16,16 +16,19 @@ import asyncpg
 import pytest
 import yaml
 
+from tests.conftest import make_namespace
 from tests.controlplane import ControlPlane
-from tests.support import ObjectsApi, StreamsApi
+from tests.support import ALICE, ObjectsApi, StreamsApi
 from tests.waiting import eventually
 from workflow_streams.adapters.objectstore import RegionConfig
 from workflow_streams.local.process import Process, workflow_streams
 from workflow_streams.shells.compose import create_app
 from workflow_streams.store.retention import prune_stream
 from workflow_streams_operator.bucketpolicy import statement_id
+from workflow_streams_operator.convert import pins_from_spec
 
 pytestmark = pytest.mark.slow
+OPERATOR = "system:workflow-streams-operator"
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -187,11 +190,12 @@ async def test_stored_pins_reconcile_without_conflict(
     fixtures = {path.stem + "-" + path.parent.name: json.loads(path.read_text()) for path in FIXTURES.glob("*/*.json")}
     for name, fixture in fixtures.items():
         await db.execute(
-            "INSERT INTO wfs_streams (run_id, stream_id, pins, pins_digest, created_by) VALUES ($1, $2, $3, $4, 'old')",
+            "INSERT INTO wfs_streams (run_id, stream_id, pins, pins_digest, created_by) VALUES ($1, $2, $3, $4, $5)",
             "run-old",
             name,
             json.dumps(fixture["stored"]),
             fixture["pins_digest"],
+            OPERATOR,  # as the operator of an earlier release made them: before owners were recorded
         )
         manifest = stream_manifest(name, "run-old", name)
         manifest["spec"]["pins"] = fixture["spec_pins"]
@@ -203,7 +207,9 @@ async def test_stored_pins_reconcile_without_conflict(
         status = json.loads(kube.kubectl("get", "-n", namespace, f"wfs/{name}", "-o", "json").stdout)["status"]
         assert status["pinsDigest"] == fixture["pins_digest"]
         row = await db.fetchrow("SELECT pins, pins_digest, created_by FROM wfs_streams WHERE stream_id = $1", name)
-        assert json.loads(row["pins"]) == fixture["stored"] and row["created_by"] == "old"
+        assert json.loads(row["pins"]) == fixture["stored"] and row["created_by"] == OPERATOR
+        owner = await db.fetchval("SELECT owner_name FROM wfs_streams WHERE stream_id = $1", name)
+        assert owner == name, "the first object to reconcile a stream its operator made records itself as owner"
 
 
 def test_kubectl_explain_teaches_the_api(kube: ControlPlane, namespace: str) -> None:
@@ -418,3 +424,164 @@ async def test_standby_replica_takes_over(
     finally:
         standby.stop()
         active.stop()
+
+
+# --- tenancy: a stream belongs to the object that defined it, a run to one namespace (issue 46) ---------
+
+
+@pytest.fixture
+def team_b(kube: ControlPlane, database_url: str, s3_regions: Any, tmp_path: Path) -> Iterator[tuple[str, Operator]]:
+    """A second namespace with an operator of its own watching it, on the same database."""
+    other = make_namespace(kube)
+    op = Operator(kube, other, database_url, s3_regions, tmp_path / "operator-b.log")
+    op.start()
+    yield other, op
+    op.stop()
+    print((tmp_path / "operator-b.log").read_text()[-4000:])
+
+
+def events_of(kube: ControlPlane, namespace: str, name: str) -> str:
+    return kube.kubectl("get", "events", "-n", namespace, "--field-selector", f"involvedObject.name={name}").stdout
+
+
+async def test_another_namespace_cannot_claim_hold_or_delete_a_stream(
+    kube: ControlPlane,
+    namespace: str,
+    operator: Operator,
+    team_b: tuple[str, Operator],
+    db: asyncpg.Connection,
+    aiohttp_client: Any,
+    database_url: str,
+    settings_for: Any,
+) -> None:
+    other, _ = team_b
+    apply(kube, namespace, stream_manifest("answers", "run-9", "answers"))
+    await wait_condition(kube, namespace, "wfs/answers", "Ready")
+    api = StreamsApi(await aiohttp_client(create_app(settings_for(database_url))))
+    assert (await api.append("run-9", "answers", "kept")).status == 201
+
+    # the same run and stream from another namespace, with the same pins: refused, and it says whose it is
+    apply(kube, other, stream_manifest("other", "run-9", "answers"))
+    refused = await wait_condition(kube, other, "wfs/other", "Ready", "False")
+    assert refused["reason"] == "OwnedElsewhere" and namespace in refused["message"], refused
+    # and a new stream in that run too: the run is the first namespace's
+    apply(kube, other, stream_manifest("squat", "run-9", "fresh"))
+    squat = await wait_condition(kube, other, "wfs/squat", "Ready", "False")
+    assert squat["reason"] == "OwnedElsewhere" and "run run-9 belongs to namespace" in squat["message"]
+    await eventually(
+        lambda: asyncio.to_thread(lambda: "OwnedElsewhere" in events_of(kube, other, "other")),
+        within=30,
+        message="no Event told the refused object's story",
+    )
+
+    # a hold from the other namespace on its refused object does not reach the stream
+    apply(kube, other, hold_manifest("sneaky", "other"))
+    denied = await wait_condition(kube, other, "wfhold/sneaky", "Applied", "False")
+    assert denied["reason"] == "OwnedElsewhere", denied
+    assert await db.fetchval("SELECT count(*) FROM wfs_legal_holds") == 0
+
+    # deleting the refused claimants leaves the stream, its records and its owner's Ready alone
+    kube.kubectl("delete", "-n", other, "wfhold/sneaky", "wfs/other", "wfs/squat", "--timeout=60s")
+    assert (await api.read_all("run-9", "answers"))[0]["data"] == "kept"
+    assert await db.fetchval("SELECT owner_namespace FROM wfs_streams WHERE run_id = 'run-9'") == namespace
+    assert condition(kube, namespace, "wfs/answers", "Ready")["status"] == "True"
+
+    # within the owner's namespace a second object naming the stream is refused as well
+    apply(kube, namespace, stream_manifest("twin", "run-9", "answers"))
+    twin = await wait_condition(kube, namespace, "wfs/twin", "Ready", "False")
+    assert twin["reason"] == "OwnedElsewhere" and "WorkflowStream" in twin["message"] and "answers" in twin["message"]
+    kube.kubectl("delete", "-n", namespace, "wfs/twin", "--timeout=60s")
+    assert await db.fetchval("SELECT count(*) FROM wfs_streams WHERE run_id = 'run-9'") == 1
+
+    # the owner's own deletion still works
+    kube.kubectl("delete", "-n", namespace, "wfs/answers", "--timeout=60s")
+    assert await db.fetchval("SELECT count(*) FROM wfs_streams WHERE run_id = 'run-9'") == 0
+
+
+async def test_a_stream_made_over_http_is_not_taken_over(
+    kube: ControlPlane,
+    namespace: str,
+    operator: Operator,
+    db: asyncpg.Connection,
+    aiohttp_client: Any,
+    database_url: str,
+    settings_for: Any,
+) -> None:
+    api = StreamsApi(await aiohttp_client(create_app(settings_for(database_url))))
+    manifest = stream_manifest("claim", "run-h", "made-over-http")
+    http_pins = pins_from_spec(manifest["spec"]["pins"])  # the same pins, over HTTP
+    resp = await api.client.post(
+        api.url("run-h"), json={"stream_id": "made-over-http", "pins": http_pins}, headers=ALICE
+    )
+    assert resp.status == 201, await resp.text()
+    apply(kube, namespace, manifest)
+    refused = await wait_condition(kube, namespace, "wfs/claim", "Ready", "False")
+    assert refused["reason"] == "OwnedElsewhere" and "WFS_OPERATOR_ADOPT" in refused["message"]
+    kube.kubectl("delete", "-n", namespace, "wfs/claim", "--timeout=60s")
+    assert await db.fetchval("SELECT count(*) FROM wfs_streams WHERE run_id = 'run-h'") == 1, "left alone"
+
+
+async def test_adoption_where_the_platform_allows_it(
+    kube: ControlPlane,
+    namespace: str,
+    database_url: str,
+    s3_regions: Any,
+    tmp_path: Path,
+    db: asyncpg.Connection,
+    aiohttp_client: Any,
+    settings_for: Any,
+) -> None:
+    op = Operator(kube, namespace, database_url, s3_regions, tmp_path / "adopting.log")
+    op.env["WFS_OPERATOR_ADOPT"] = "true"
+    op.start()
+    try:
+        api = StreamsApi(await aiohttp_client(create_app(settings_for(database_url))))
+        manifest = stream_manifest("adopter", "run-a", "adopted")
+        body = {"stream_id": "adopted", "pins": pins_from_spec(manifest["spec"]["pins"])}
+        assert (await api.client.post(api.url("run-a"), json=body, headers=ALICE)).status == 201
+        manifest["metadata"]["annotations"] = {"workflowstreams.dev/adopt": "true"}
+        apply(kube, namespace, manifest)
+        await wait_condition(kube, namespace, "wfs/adopter", "Ready")
+        owner = await db.fetchrow("SELECT owner_namespace, owner_name FROM wfs_streams WHERE run_id = 'run-a'")
+        assert tuple(owner) == (namespace, "adopter")
+    finally:
+        op.stop()
+
+
+async def test_a_template_reference_stores_the_resolved_pins(
+    kube: ControlPlane, namespace: str, database_url: str, s3_regions: Any, tmp_path: Path, db: asyncpg.Connection
+) -> None:
+    op = Operator(kube, namespace, database_url, s3_regions, tmp_path / "templates.log")
+    op.env["WFS_REGION"] = "eu-west-1"
+    op.env["WFS_PINS_TEMPLATES"] = json.dumps(
+        {"team-output": {"namespaces": [namespace], "pins": {"retention": {"max_records": 50}}}}
+    )
+    op.start()
+    try:
+        manifest = {
+            "apiVersion": "workflowstreams.dev/v1alpha1",
+            "kind": "WorkflowStream",
+            "metadata": {"name": "templated"},
+            "spec": {
+                "runId": "run-tpl",
+                "streamId": "out",
+                "template": "team-output",
+                "pins": {"credit": {"maxUnreadItems": 9}},
+            },
+        }
+        apply(kube, namespace, manifest)
+        await wait_condition(kube, namespace, "wfs/templated", "Ready")
+        stored = json.loads(await db.fetchval("SELECT pins FROM wfs_streams WHERE run_id = 'run-tpl'"))
+        assert stored["retention"]["max_records"] == 50 and stored["credit"]["max_unread_items"] == 9
+        assert stored["authorization"]["read"] == [f"group:system:serviceaccounts:{namespace}"]
+        assert stored["placement"]["client_egress_regions"] == ["eu-west-1"]
+        # without a template, pins must be whole: the API server says so
+        partial = {
+            **manifest,
+            "metadata": {"name": "partial"},
+            "spec": {"runId": "run-tpl", "streamId": "p", "pins": {"direction": "output"}},
+        }
+        result = apply(kube, namespace, partial, check=False)
+        assert result.returncode != 0 and "without a template, pins must be whole" in result.stderr
+    finally:
+        op.stop()
