@@ -205,7 +205,7 @@ LIMIT = _parameter("query", "limit", f"page size (default {DEFAULT_LIMIT})", int
 RECORDS_LIMIT = _parameter(
     "query",
     "limit",
-    f"the most records a page holds (default {DEFAULT_LIMIT}); a reader catching up asks for many",
+    f"the most records a page holds (default {MAX_READ_RECORDS}: the page is sized by `max_bytes`)",
     integer(minimum=1, maximum=MAX_READ_RECORDS),
 )
 MAX_BYTES = _parameter(

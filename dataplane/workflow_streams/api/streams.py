@@ -120,7 +120,8 @@ async def read(request: web.Request) -> web.StreamResponse:
         stream_id,
         after,
         "records",
-        max_records=_limit(request, MAX_READ_RECORDS),
+        # a page is sized by bytes unless the caller says otherwise: small records come many a page
+        max_records=_count(request, "limit", MAX_READ_RECORDS, MAX_READ_RECORDS),
         max_bytes=_count(request, "max_bytes", DEFAULT_READ_BYTES, MAX_READ_BYTES),
         access=Access(principal, "read", client_region_of(request)),
     )
