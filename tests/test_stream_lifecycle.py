@@ -239,6 +239,11 @@ async def test_errors_say_what_to_fix(api: StreamsApi, aiohttp_client: Any, data
     assert typo.status == 400 and problem["field"] == "afer", problem
     assert "after" in problem["detail"]
     assert (await api.client.get(api.url("run-e", "s") + "?verbose=1", headers=ALICE)).status == 400
+    # a browser's subscription authenticates by its query token, and then hears what is wrong
+    url = api.url("run-e", "s", "/subscribe") + "?access_token=tok-alice&verbose=1"
+    browser = await api.client.get(url)
+    assert browser.status == 400 and (await browser.json())["field"] == "verbose"
+    assert (await api.client.get(api.url("run-e", "s", "/subscribe") + "?verbose=1")).status == 401
 
     conflict = await api.create("run-e", "s", credit={"max_unread_items": 5}, retention={"max_records": 3})
     problem = await conflict.json()

@@ -22,7 +22,7 @@ from workflow_streams.domain.admission import refusal
 from workflow_streams.domain.authz import Trusted
 from workflow_streams.domain.errors import NotFound, OwnedElsewhere, PinsConflict, StreamError, StreamHeld
 from workflow_streams.domain.ownership import ADOPT_ANNOTATION, Owner, check_run_prefix
-from workflow_streams.domain.pins import StreamPins, parse_pins
+from workflow_streams.domain.pins import StreamPins
 from workflow_streams.domain.placement import check_metadata_home
 from workflow_streams.domain.templates import NAMESPACE_CREATOR, Templates
 from workflow_streams.runtime.holds import apply_legal_hold
@@ -105,12 +105,9 @@ def _owner(namespace: str | None, name: str, uid: str | None) -> Owner:
 def resolve_pins(spec: Mapping[str, Any], namespace: str, templates: Templates) -> StreamPins:
     """A WorkflowStream's pins: ``spec.pins`` whole, or ``spec.template`` (default: the default template)
     with ``spec.pins`` merged over it, for every service account of the object's namespace as creator."""
-    template, raw = spec.get("template"), spec.get("pins")
-    if raw is not None and template is None:
-        return parse_pins(pins_from_spec(raw))
-    creator = NAMESPACE_CREATOR.format(namespace=namespace)
-    overrides = pins_from_spec(raw) if raw is not None else None
-    return templates.resolve(template, creator, overrides, namespace=namespace)
+    raw = spec.get("pins")
+    pins = pins_from_spec(raw) if raw is not None else None
+    return templates.requested(spec.get("template"), pins, NAMESPACE_CREATOR.format(namespace=namespace), namespace)
 
 
 def _conditions(status: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -160,12 +157,12 @@ async def reconcile_stream(
                 adopt=adopt,
             )
     except (PinsConflict, StreamError) as exc:
-        reason = _reason(exc.code)
-        mark("DefinitionSynced", False, reason, _detail(exc))
-        mark("Ready", False, reason if isinstance(exc, OwnedElsewhere) else "DefinitionNotSynced", _detail(exc))
+        reason, detail = _reason(exc.code), exc.explained()
+        mark("DefinitionSynced", False, reason, detail)
+        mark("Ready", False, reason if isinstance(exc, OwnedElsewhere) else "DefinitionNotSynced", detail)
         RECONCILES.labels("workflowstream", "permanent_error").inc()
-        kopf.warn(body, reason=reason, message=_detail(exc))
-        raise kopf.PermanentError(f"{exc.code}: {_detail(exc)}") from None
+        kopf.warn(body, reason=reason, message=detail)
+        raise kopf.PermanentError(f"{exc.code}: {detail}") from None
     except DB_UNAVAILABLE as exc:
         mark("DefinitionSynced", False, "DatabaseUnavailable", str(exc))
         mark("Ready", False, "DefinitionNotSynced", "waiting for the database")
@@ -415,14 +412,6 @@ async def release_hold(
     except (*DB_UNAVAILABLE, *S3_ERRORS) as exc:
         raise kopf.TemporaryError(f"hold not yet released: {exc}", delay=RETRY_SECONDS) from None
     memo.hold_changes[(ids[0], ids[1])].set()
-
-
-def _detail(exc: StreamError) -> str:
-    """A refusal's detail with its field errors, which say what to fix."""
-    problems = exc.extra.get("errors") or []
-    if not problems:
-        return exc.detail
-    return exc.detail + ": " + "; ".join(f"{e['field']}: {e['message']}" for e in problems)
 
 
 def _reason(code: str) -> str:

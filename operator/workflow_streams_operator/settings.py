@@ -13,7 +13,7 @@ import random
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from workflow_streams.adapters.config import Settings, SettingsError
+from workflow_streams.adapters.config import Settings, SettingsError, integer_setting
 
 
 @dataclass(frozen=True)
@@ -38,20 +38,11 @@ class OperatorSettings:
             namespace=env.get("WFS_OPERATOR_NAMESPACE") or None,
             peering_name=env.get("WFS_OPERATOR_PEERING", "workflow-streams"),
             peering_priority=priority(env.get("WFS_OPERATOR_PRIORITY")),
-            peering_lifetime=_integer(env, "WFS_OPERATOR_PEERING_LIFETIME", 30),
-            metrics_port=_integer(env, "WFS_OPERATOR_METRICS_PORT", 8081),
+            peering_lifetime=integer_setting(env, "WFS_OPERATOR_PEERING_LIFETIME", 30),
+            metrics_port=integer_setting(env, "WFS_OPERATOR_METRICS_PORT", 8081),
             adopt=_boolean(env, "WFS_OPERATOR_ADOPT"),
             run_prefix=env.get("WFS_OPERATOR_RUN_PREFIX", ""),
         )
-
-
-def _integer(env: Mapping[str, str], name: str, default: int) -> int:
-    text = env.get(name, "").strip()
-    if not text:
-        return default
-    if not text.lstrip("-").isdigit():
-        raise SettingsError(name, f"{name} must be an integer, not {text!r}")
-    return int(text)
 
 
 def _boolean(env: Mapping[str, str], name: str) -> bool:

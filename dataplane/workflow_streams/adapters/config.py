@@ -123,6 +123,12 @@ def _parsed(env: Mapping[str, str], name: str, parse: Callable[[str], T], defaul
         raise SettingsError(name, f"{name}: {exc or type(exc).__name__}") from None
 
 
+def integer_setting(env: Mapping[str, str], name: str, default: int) -> int:
+    """``env[name]`` as an integer, ``default`` when unset or empty; anything else is a ``SettingsError``
+    naming it (for the operator's own settings, read as the data plane's are)."""
+    return _parsed(env, name, _number(int), default)
+
+
 def _number(kind: Callable[[str], T]) -> Callable[[str], T]:
     def parse(text: str) -> T:
         try:

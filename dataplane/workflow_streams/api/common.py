@@ -81,8 +81,10 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 def query(*names: str) -> Callable[[Handler], Handler]:
     """A handler that takes only the query parameters ``names``: any other is ``400 invalid_input``
-    naming it, so a typo (``?afer=1``) is not silently read as no parameter at all."""
+    naming it, so a typo (``?afer=1``) is not silently read as no parameter at all. The caller is
+    authenticated first, as the handler would (a route that takes ``access_token`` takes it as its token)."""
     allowed = frozenset(names)
+    query_token = "access_token" in allowed
 
     def wrap(handler: Handler) -> Handler:
         @functools.wraps(handler)
@@ -90,7 +92,7 @@ def query(*names: str) -> Callable[[Handler], Handler]:
             if request.query_string:
                 unknown = sorted(set(request.query) - allowed)
                 if unknown:
-                    await principal_of(request)  # a caller without a valid token learns nothing more
+                    await principal_of(request, query_token)  # without a valid token, nothing more is said
                     known = f"; it takes {', '.join(sorted(allowed))}" if allowed else "; it takes none"
                     detail = f"unknown query parameter(s): {', '.join(unknown)}{known}"
                     raise InvalidInput(detail, field=unknown[0], allowed=sorted(allowed))

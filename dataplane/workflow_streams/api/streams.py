@@ -15,7 +15,7 @@ from ..domain.authz import Access, Action, Principal
 from ..domain.cursor import parse_cursor
 from ..domain.errors import InvalidInput, NotAnInputStream
 from ..domain.ids import check_id
-from ..domain.pins import StreamPins, parse_pins
+from ..domain.pins import StreamPins
 from ..domain.placement import check_metadata_home
 from ..domain.records import parse_append_body
 from ..domain.templates import Templates
@@ -185,9 +185,7 @@ def _requested_pins(templates: Templates, body: dict[str, Any], principal: Princ
         raise InvalidInput("template must be the name of a pins template", field="template")
     if pins is not None and not isinstance(pins, dict):
         raise InvalidInput("pins must be a JSON object", field="pins")
-    if pins is not None and template is None:
-        return parse_pins(pins)
-    return templates.resolve(template, principal.name, pins)
+    return templates.requested(template, pins, principal.name)
 
 
 @routes.get("/runs")

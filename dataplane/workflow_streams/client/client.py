@@ -175,14 +175,7 @@ class StreamsClient:
 
     async def list_runs(self) -> list[dict[str, Any]]:
         """The runs in which this caller may see a stream, in run id order, following every page."""
-        runs: list[dict[str, Any]] = []
-        params: dict[str, str] = {}
-        while True:
-            body = await self._checked("GET", f"{self.base_url}{PREFIX}/runs", params=params)
-            runs += body["runs"]
-            if not body.get("next_after"):
-                return runs
-            params = {"after": body["next_after"]}
+        return await self._every_page(f"{self.base_url}{PREFIX}/runs", "runs")
 
     async def list_templates(self) -> list[dict[str, Any]]:
         """The pins templates a create may name, each with the pins it resolves to for this caller."""
@@ -198,13 +191,17 @@ class StreamsClient:
     async def list_streams(self, run_id: str) -> list[dict[str, Any]]:
         """The run's streams this caller may see (definition and state each), in stream id order,
         following the server's pages to the end."""
-        streams: list[dict[str, Any]] = []
+        return await self._every_page(self._url(run_id), "streams")
+
+    async def _every_page(self, url: str, key: str) -> list[dict[str, Any]]:
+        """The ``key`` items of a listing, every page of it (each page's ``next_after`` names the next)."""
+        items: list[dict[str, Any]] = []
         params: dict[str, str] = {}
         while True:
-            body = await self._checked("GET", self._url(run_id), params=params)
-            streams += body["streams"]
+            body = await self._checked("GET", url, params=params)
+            items += body[key]
             if not body.get("next_after"):
-                return streams
+                return items
             params = {"after": body["next_after"]}
 
     # records

@@ -2,7 +2,8 @@
 
 Pins are immutable, so a stream that nobody may read or append to, or whose data no region here can
 serve, would be broken for good the moment it is created. Such pins are refused at create (``422``,
-naming the field) by the HTTP API, the Durable Streams surface and the operator alike. The rules apply
+naming the field) by our HTTP API and the operator alike (the Durable Streams surface's pins come from
+its own template, which grants ``*`` in this data plane's region by default). The rules apply
 to new definitions only: a stream an earlier release stored keeps working as it was (its identical
 definition is answered as before, ``store.definitions.create_definition``).
 """

@@ -15,6 +15,13 @@ class StreamError(Exception):
         self.detail = detail
         self.extra = extra
 
+    def explained(self) -> str:
+        """The detail with the field errors it carries (``errors``), which say what to fix."""
+        problems = self.extra.get("errors") or []
+        if not problems:
+            return self.detail
+        return self.detail + ": " + "; ".join(f"{e['field']}: {e['message']}" for e in problems)
+
 
 class InvalidInput(StreamError):
     code = "invalid_input"

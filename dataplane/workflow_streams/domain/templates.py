@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import InvalidDefinition, NotFound, StreamError
+from .errors import NotFound, StreamError
 from .pins import StreamPins, parse_pins
 
 CREATOR = "$creator"
@@ -77,6 +77,16 @@ class Templates:
         """The whole pins of a stream made from template ``name`` with ``overrides`` over it."""
         template = self.get(name, namespace)
         return resolve(merge(merge(self.base, template.pins), overrides or {}), creator)
+
+    def requested(
+        self, name: str | None, pins: Mapping[str, Any] | None, creator: str, namespace: str | None = None
+    ) -> StreamPins:
+        """The pins a create asks for, over HTTP or as a WorkflowStream: ``pins`` without a template are the
+        whole pins (as before templates existed); otherwise template ``name`` (the default when None) with
+        ``pins`` merged over it."""
+        if pins is not None and name is None:
+            return parse_pins(pins)
+        return self.resolve(name, creator, pins, namespace)
 
 
 def usable_in(template: Template, namespace: str) -> bool:
@@ -154,10 +164,7 @@ def parse_templates(raw: Any, base: Mapping[str, Any]) -> Templates:
         )
         try:
             resolve(merge(base, template.pins), "template-check")
-        except InvalidDefinition as exc:
-            problems = "; ".join(f"{e['field']}: {e['message']}" for e in exc.extra.get("errors", []))
-            raise ValueError(f"template {name!r} makes invalid pins: {problems}") from None
-        except StreamError as exc:  # ForbiddenContentClass
-            raise ValueError(f"template {name!r} makes invalid pins: {exc}") from None
+        except StreamError as exc:  # InvalidDefinition, ForbiddenContentClass
+            raise ValueError(f"template {name!r} makes invalid pins: {exc.explained()}") from None
         named[name] = template
     return Templates(base, named)

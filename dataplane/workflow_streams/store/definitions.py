@@ -135,7 +135,6 @@ _EXISTING = (
     f"SELECT {COLUMNS}, owner_namespace, owner_name, owner_uid FROM wfs_streams WHERE run_id = $1 AND stream_id = $2"
 )
 _EXISTING_LOCKED = _EXISTING + " FOR UPDATE"
-_OWNER = "SELECT owner_namespace, owner_name, owner_uid FROM wfs_streams WHERE run_id = $1 AND stream_id = $2"
 # the namespace a run belongs to (domain.ownership): any other namespace owning one of its streams
 _RUN_OWNER = """SELECT owner_namespace FROM wfs_streams
 WHERE run_id = $1 AND owner_namespace IS NOT NULL AND owner_namespace <> $2 LIMIT 1"""
@@ -148,10 +147,6 @@ def _owner(row: Mapping[str, Any] | None) -> Owner | None:
     if row is None or row["owner_uid"] is None:
         return None
     return Owner(row["owner_namespace"], row["owner_name"], row["owner_uid"])
-
-
-async def owner_of(conn: asyncpg.Connection, run_id: str, stream_id: str) -> Owner | None:
-    return _owner(await conn.fetchrow(_OWNER, run_id, stream_id))
 
 
 def _claimant(caller: Caller) -> Owner | None:
@@ -392,10 +387,11 @@ async def set_legal_hold(
     on StreamLegalHold objects authorized it, for the WorkflowStream it names, which must own the
     stream)."""
     async with db.transaction(conn):
-        stream = await streams.load(conn, run_id, stream_id, lock=True, access=Access(caller, "legal_hold"))
+        row = await conn.fetchrow(_EXISTING_LOCKED, run_id, stream_id)
+        stream = streams.checked(row, Access(caller, "legal_hold"))
         claimant = _claimant(caller)
         if claimant is not None:  # a StreamLegalHold reaches only the stream its WorkflowStream owns
-            check_claim(f"{run_id}/{stream_id}", await owner_of(conn, run_id, stream_id), claimant, adopt=False)
+            check_claim(f"{run_id}/{stream_id}", _owner(row), claimant, adopt=False)
         if enabled:
             await conn.execute(
                 """INSERT INTO wfs_legal_holds (run_id, stream_id, hold_id, reason, held_by)
@@ -441,13 +437,13 @@ async def delete_stream(
     principal cannot delete a stream an object owns (the object would stay, claiming nothing). A stream
     that is not there is nothing to do for the operator, and ``StreamNotFound`` for a principal."""
     async with db.transaction(conn):
-        stream = await streams.find(conn, run_id, stream_id, lock=True)
-        if stream is None:
+        row = await conn.fetchrow(_EXISTING_LOCKED, run_id, stream_id)
+        if row is None:
             if isinstance(caller, Principal):
                 raise StreamNotFound("no such stream")
             return Changed([])
-        stream.authorize(Access(caller, "delete"))
-        owner = await owner_of(conn, run_id, stream_id)
+        streams.checked(row, Access(caller, "delete"))
+        owner = _owner(row)
         claimant = _claimant(caller)
         if claimant is not None:
             check_claim(f"{run_id}/{stream_id}", owner, claimant, adopt=False)
@@ -493,9 +489,13 @@ async def list_streams(conn: asyncpg.Connection, run_id: str, after: str, limit:
     stream on the page, so the cursor never names a stream the caller cannot see.
     """
     rows = await conn.fetch(_LIST, run_id, after, limit + 1, _subjects(caller))
-    streams_ = [(_definition(streams.row_of(row)), _state_of(streams.row_of(row), _holds(row))) for row in rows]
+    listed = [(streams.row_of(row), row) for row in rows]
     # the rows passed the SQL writing of the rule; the domain's has the last word
-    visible = [(d, s) for d, s in streams_ if permits(d.pins.authorization, caller, "see")]
+    visible = [
+        (_definition(stream), _state_of(stream, _holds(row)))
+        for stream, row in listed
+        if permits(stream.pins.authorization, caller, "see")
+    ]
     page = visible[:limit]
     return Listing(page, page[-1][0].stream_id if len(rows) > limit else None)
 
