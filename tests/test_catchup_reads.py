@@ -8,6 +8,7 @@ import base64
 import contextlib
 import itertools
 import json
+from collections.abc import AsyncIterator
 from typing import Any
 
 import asyncpg
@@ -38,11 +39,25 @@ DS = "/api/durable-streams/v1/stream"
 
 
 async def fetch_body(
-    conn: asyncpg.Connection, run: str, stream: str, after: int, form: Form, *, max_records: int, max_bytes: int
+    conn: asyncpg.Connection,
+    run: str,
+    stream: str,
+    after: int,
+    form: Form,
+    *,
+    max_records: int,
+    max_bytes: int,
+    first_records: int = 3,
 ) -> Body:
-    """A page planned and read on one connection, as runtime.reads does on several."""
-    page = await plan(conn, run, stream, after, max_records=max_records, max_bytes=max_bytes)
-    return page.body(form, [await fetch_part(conn, page, form, after + 1, page.end)] if page.end > after else [])
+    """A page planned and read on one connection, as runtime.reads does on several: its first records
+    with the plan, the rest as one more part."""
+    page = await plan(
+        conn, run, stream, after, form, max_records=max_records, max_bytes=max_bytes, first_records=first_records
+    )
+    parts = [page.first] if page.first is not None else []
+    if page.end > after + first_records:
+        parts.append(await fetch_part(conn, page, form, after + first_records + 1, page.end))
+    return page.body(form, parts)
 
 
 async def _mixed_stream(api: StreamsApi, db: asyncpg.Connection) -> int:
@@ -134,7 +149,7 @@ async def test_pages_keep_their_budgets(api: StreamsApi, db: asyncpg.Connection)
     assert (await read(0, max_bytes=1)).count == 1, "a page holds at least one record"
     assert (await read(995, max_bytes=BIG)).count == 5
     assert (await read(1000, max_bytes=BIG)).parts == []
-    whole = await fetch_body(db, "r", "budget", 0, "bytes", max_records=BIG, max_bytes=BIG)
+    whole = await fetch_body(db, "r", "budget", 0, "bytes", max_records=BIG, max_bytes=BIG, first_records=BIG)
     runs = list(whole.chunks(1000))  # 100-byte values, so ten each
     assert [last for last, _ in runs] == list(range(10, 1001, 10))
     assert b"".join(joined for _, joined in runs) == whole.joined() == (b'"' + b"x" * 98 + b'"') * 1000
@@ -261,12 +276,27 @@ async def test_a_page_leaves_the_pools_last_connections_to_others(api: StreamsAp
     records = 4 * PART_CONNECTIONS * PART_RECORDS  # every lane would still be reading after the first part
     await _long_stream(api, "narrow", records)
     pool = await create_pool(database_url, 1, PART_SPARE_KEPT)
+    held, most = 0, 0
+    acquire = pool.acquire
+
+    @contextlib.asynccontextmanager
+    async def counted(*args: Any, **kwargs: Any) -> AsyncIterator[asyncpg.Connection]:
+        nonlocal held, most
+        async with acquire(*args, **kwargs) as conn:
+            held += 1
+            most = max(most, held)
+            try:
+                yield conn
+            finally:
+                held -= 1
+
+    pool.acquire = counted  # type: ignore[method-assign]
     try:
         each = read_bodies(pool, Durability(pool), "r", "narrow", 0, "records", max_records=BIG, max_bytes=BIG)
         async with contextlib.aclosing(each):
-            got = [await anext(each)]
-            assert pool.spare() == PART_SPARE_KEPT - 1
-            got += [body async for body in each]
+            got = [body async for body in each]
+        assert most == 1, "the parts after the plan's were read on one connection"
+        assert len(got) > PART_LOOKAHEAD
         assert got[-1].next_after == records
         values = json.loads(b"[" + b",".join(body.joined() for body in got) + b"]")
         assert [r["data"]["n"] for r in values] == list(range(records))

@@ -180,3 +180,30 @@ async def test_a_catch_up_read_answers_an_ordinary_stream_whole_and_compressed(d
     assert (await client.head(f"{DS}/many")).headers["ETag"] != head.headers["ETag"]
     plain = await client.get(f"{DS}/many?offset=-1", headers={"Accept-Encoding": "identity"})
     assert "Content-Encoding" not in plain.headers
+
+
+async def test_a_plain_append_checks_the_protocols_stream_under_the_row_lock(
+    ds_client: MakeClient, db: asyncpg.Connection
+) -> None:
+    """A plain append is one group-committed transaction that also decides what the protocol asks of the
+    stream: its records take the stream's content type as stored, it renews a sliding TTL, and a stream
+    deleted and made again with another content type refuses it (409), as does one deleted (404)."""
+    client = await ds_client(durable_anonymous=True)
+    text = {"Content-Type": "text/plain"}
+    assert (await client.put(f"{DS}/t", headers={**text, "Stream-TTL": "3600"})).status == 201
+    before = await db.fetchval("SELECT accessed_at FROM wfs_durable_streams WHERE stream_id = 't'")
+    appended = await client.post(f"{DS}/t", headers={"Content-Type": "text/plain; charset=utf-8"}, data=b"ab")
+    assert appended.status == 204 and appended.headers["Stream-Next-Offset"] == encode_offset(1)
+    after = await db.fetchval("SELECT accessed_at FROM wfs_durable_streams WHERE stream_id = 't'")
+    assert after > before
+    stored = await db.fetchval(
+        "SELECT r.content_type FROM wfs_records r JOIN wfs_streams s USING (stream_key) WHERE s.stream_id = 't'"
+    )
+    assert stored == "text/plain"
+    assert (await client.delete(f"{DS}/t")).status == 204
+    assert (await client.post(f"{DS}/t", headers=text, data=b"c")).status == 404
+    assert (await client.put(f"{DS}/t", headers={"Content-Type": "application/json"})).status == 201
+    refused = await client.post(f"{DS}/t", headers=text, data=b"c")
+    assert refused.status == 409 and (await refused.json())["code"] == "content_type_mismatch"
+    assert (await client.post(f"{DS}/t", headers={"Content-Type": "application/json"}, data=b"[1]")).status == 204
+    assert await (await client.get(f"{DS}/t")).json() == [1]

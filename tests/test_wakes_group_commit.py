@@ -326,7 +326,7 @@ async def test_the_append_statements_never_scan_every_stream(database_url: str, 
                 " SET auto_explain.log_nested_statements = on; SET auto_explain.log_level = notice"
             )
             await conn.execute(begin)
-            await conn.fetch(appends._LOCK, ["r"], ["s1"])
+            await conn.fetch(appends._LOCK, ["r"], ["s1"], [True])
             await conn.fetch(appends._WRITE, *([[]] * 21))
             await conn.fetch(streams._PINS_BY_KEY, [1])
             await conn.execute("ROLLBACK")

@@ -68,6 +68,32 @@ class StreamGone(StreamError):
     code = "stream_deleted"
 
 
+class PlainAppendRefused(StreamError):
+    """A plain append (``plain_append_fits``) that the group commit refused for one of the protocol's
+    own reasons. Never answered as it is: the handler then loads the stream and answers as the protocol
+    orders its errors (gone, expired, closed, another content type)."""
+
+    code = "durable_append_refused"
+
+
+def plain_append_fits(
+    content_type: str,
+    stream_content_type: str,
+    deleted: bool,
+    lifetime: Lifetime,
+    accessed_at: dt.datetime,
+    now: dt.datetime,
+) -> bool:
+    """Whether a plain append (no producer, Stream-Seq or close) of ``content_type`` may go to a stream,
+    as the protocol sees it beyond our API's rules (rights, close, credit): not deleted, not expired, of
+    the same media type."""
+    return (
+        not deleted
+        and not lifetime.expired(accessed_at, now)
+        and media_type(content_type) == media_type(stream_content_type)
+    )
+
+
 class NotVisible(Forbidden):
     """A PUT of a stream that exists but that this caller may not see: 403, as on our own API's create
     (elsewhere a stream a caller may not see is 404, as if it did not exist)."""

@@ -327,6 +327,7 @@ class Live:
                                 run_id,
                                 stream_id,
                                 last,
+                                encoder.form,
                                 max_records=CATCH_UP_RECORDS,
                                 max_bytes=CATCH_UP_BYTES,
                             ),

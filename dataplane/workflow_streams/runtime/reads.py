@@ -247,14 +247,15 @@ async def plan_read(
     run_id: str,
     stream_id: str,
     after: int,
+    form: Form,
     *,
     max_records: int,
     max_bytes: int,
     access: Access | None = None,
 ) -> Plan:
-    """A catch-up page planned (``store.bodies.plan``: rights, the cursor, where the page ends), ending
-    where what it holds may be served: the records it names exist when it is planned, so a durability
-    barrier after the plan covers them, however late they are read."""
+    """A catch-up page planned (``store.bodies.plan``: rights, the cursor, where the page ends) with its
+    first part, ending where what it holds may be served: the records it names exist when it is planned,
+    so a durability barrier after the plan covers them, however late they are read."""
     until = pool.deadline()
     async with pool.acquire(until=until) as conn:
         page = await bodies.plan(
@@ -262,8 +263,10 @@ async def plan_read(
             run_id,
             stream_id,
             after,
+            form,
             max_records=max_records,
             max_bytes=max_bytes,
+            first_records=PART_RECORDS,
             access=access,
         )
     return await _served(durability, run_id, stream_id, page, until)
@@ -289,11 +292,18 @@ async def read_parts(pool: Pool, page: Plan, form: Form) -> AsyncGenerator[Part,
     ``PART_LOOKAHEAD`` parts ahead. Records, once written, never change, so the parts need no common
     snapshot; a part whose records are gone (pruned since the plan) raises ``PageChanged``. Close it
     (``contextlib.aclosing``) to stop the reading early."""
-    firsts = range(page.after + 1, page.end + 1, PART_RECORDS)
+    firsts = range(page.after + 1, page.end + 1, PART_RECORDS)  # the plan's first part is the first range
     ranges = [(first, min(first + PART_RECORDS - 1, page.end)) for first in firsts]
     loop = asyncio.get_running_loop()
     parts: list[asyncio.Future[Part]] = [loop.create_future() for _ in ranges]
-    width = min(len(ranges), max(1, min(PART_CONNECTIONS, 1 + pool.spare() - PART_SPARE_KEPT)))
+    read = 0  # parts the plan read with it: the first, in its form
+    if parts and page.first is not None and page.form == form:
+        parts[0].set_result(page.first)
+        read = 1
+        if len(parts) == 1:  # a page of one part: no task, no connection, nothing to wait for
+            yield page.first
+            return
+    width = min(len(ranges) - read, max(1, min(PART_CONNECTIONS, 1 + pool.spare() - PART_SPARE_KEPT)))
     handed = 0  # parts handed on so far
     moved = asyncio.Condition()
 
@@ -301,7 +311,7 @@ async def read_parts(pool: Pool, page: Plan, form: Form) -> AsyncGenerator[Part,
         return i < handed + PART_LOOKAHEAD
 
     async def take_turns(lane: int) -> None:
-        mine = range(lane, len(ranges), width)
+        mine = range(read + lane, len(ranges), width)
         k = 0  # mine[k] is the lane's next part
         try:
             while k < len(mine):
@@ -376,16 +386,25 @@ async def read_bodies(
     planned again, which answers with the stream as it is now (410 for a pruned cursor). Close it
     (``contextlib.aclosing``) to stop the reading early; ``whole`` takes a page's bodies together."""
     for attempt in range(2):
-        page = await plan_read(
-            pool,
-            durability,
-            run_id,
-            stream_id,
-            after,
-            max_records=max_records,
-            max_bytes=max_bytes,
-            access=access,
-        )
+        try:
+            page = await plan_read(
+                pool,
+                durability,
+                run_id,
+                stream_id,
+                after,
+                form,
+                max_records=max_records,
+                max_bytes=max_bytes,
+                access=access,
+            )
+        except bodies.PageChanged:
+            if attempt:
+                raise
+            continue
+        if page.first is None or len(page.first.lengths) == page.count:
+            yield page.body(form, [] if page.first is None else [page.first])  # read whole with its plan
+            return
         async with contextlib.aclosing(planned_bodies(pool, page, form)) as each:
             try:
                 body = await anext(each)

@@ -18,6 +18,7 @@ those streams' signals need to reach other processes.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -28,6 +29,7 @@ import asyncpg
 from ..domain import credit
 from ..domain.authz import Principal, require
 from ..domain.delivery import event_id
+from ..domain.durable import Lifetime, PlainAppendRefused, plain_append_fits
 from ..domain.errors import (
     Backpressure,
     BatchExceedsCredit,
@@ -62,6 +64,9 @@ class AppendRequest:
     records: list[RecordIn]
     principal: Principal
     idempotency_key: str | None = None
+    # a Durable Streams append's Content-Type: its stream must also be of that media type, neither
+    # deleted nor expired (``domain.durable.plain_append_fits``), and its sliding TTL is renewed
+    durable: str | None = None
 
     @property
     def key(self) -> StreamKey:
@@ -153,7 +158,10 @@ SELECT s.stream_key, s.run_id, s.stream_id, s.pins_digest, s.created_by, s.last_
        {TIMELINE} AS timeline,
        (SELECT r.cumulative_bytes FROM wfs_records r
         WHERE r.stream_key = s.stream_key AND r.sequence = m.min_ack) AS ack_bytes
-FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS k(run_id, stream_id, position)
+       , d.content_type AS durable_content_type, d.deleted_at IS NOT NULL AS durable_deleted,
+       d.ttl_seconds AS durable_ttl_seconds, d.expires_at AS durable_expires_at,
+       d.accessed_at AS durable_accessed_at, clock_timestamp() AS db_now
+FROM unnest($1::text[], $2::text[], $3::boolean[]) WITH ORDINALITY AS k(run_id, stream_id, durable, position)
 CROSS JOIN LATERAL (
     SELECT * FROM wfs_streams w WHERE w.run_id = k.run_id AND w.stream_id = k.stream_id FOR UPDATE
 ) s
@@ -161,7 +169,22 @@ CROSS JOIN LATERAL (
     SELECT min(c.acked_sequence) AS min_ack FROM wfs_consumers c
     WHERE c.run_id = s.run_id AND c.stream_id = s.stream_id
 ) m
+LEFT JOIN LATERAL (
+    -- only for a Durable Streams append's stream: a filter on the outer row alone is decided before the
+    -- lookup, so our API's appends do not pay for it
+    SELECT * FROM wfs_durable_streams d WHERE k.durable AND d.run_id = s.run_id AND d.stream_id = s.stream_id
+) d ON true
 ORDER BY k.position
+""")
+
+# Durable Streams appends renew their streams' sliding TTLs in the transaction that writes them
+_TOUCH = db.kept("""
+WITH touched AS (
+    UPDATE wfs_durable_streams d SET accessed_at = clock_timestamp()
+    FROM unnest($1::text[], $2::text[]) AS k(run_id, stream_id)
+    WHERE d.run_id = k.run_id AND d.stream_id = k.stream_id
+)
+SELECT 1
 """)
 
 # per key for the same reason (OFFSET 0 keeps the planner from flattening it into a join)
@@ -222,13 +245,32 @@ SELECT 1
 )
 
 
-async def lock_streams(conn: asyncpg.Connection, keys: Sequence[StreamKey]) -> dict[StreamKey, asyncpg.Record]:
+async def lock_streams(
+    conn: asyncpg.Connection, keys: Sequence[StreamKey], durable: frozenset[StreamKey] = frozenset()
+) -> dict[StreamKey, asyncpg.Record]:
     """The rows of the existing streams among ``keys``, locked for the rest of the transaction in key
     order (the order every multi-stream locker uses, so lockers never deadlock), each with its slowest
-    ack (``min_ack``) and the cumulative bytes through it (``ack_bytes``)."""
+    ack (``min_ack``) and the cumulative bytes through it (``ack_bytes``), and for those in ``durable``
+    their Durable Streams row (``durable_*``)."""
     unique = sorted(set(keys))
-    rows = await conn.fetch(_LOCK, [k[0] for k in unique], [k[1] for k in unique])
+    rows = await conn.fetch(_LOCK, [k[0] for k in unique], [k[1] for k in unique], [k in durable for k in unique])
     return {(r["run_id"], r["stream_id"]): r for r in rows}
+
+
+def _fits_durable(row: asyncpg.Record, request: AppendRequest) -> bool:
+    """A Durable Streams append against its stream's protocol row (none: one of our own streams, JSON
+    without a lifetime); its records take the stream's own content type, as the protocol stores them."""
+    assert request.durable is not None
+    stream_type = row["durable_content_type"] or DEFAULT_CONTENT_TYPE
+    lifetime = Lifetime(row["durable_ttl_seconds"], row["durable_expires_at"])
+    now = row["db_now"]
+    accessed_at = row["durable_accessed_at"] or now
+    if not plain_append_fits(request.durable, stream_type, bool(row["durable_deleted"]), lifetime, accessed_at, now):
+        return False
+    if request.durable != stream_type:
+        request.records = [dataclasses.replace(r, content_type=stream_type) for r in request.records]
+        request.durable = stream_type
+    return True
 
 
 def _usages(rows: dict[StreamKey, asyncpg.Record]) -> dict[StreamKey, credit.Usage]:
@@ -299,6 +341,8 @@ def _decide(
             return AppendResult(earlier[1].first_sequence, earlier[1].last_sequence, replayed=True)
     if row["closed_at"] is not None:
         raise StreamClosed("the stream is closed; appends are rejected")
+    if request.durable is not None and not _fits_durable(row, request):
+        raise PlainAppendRefused("the stream refuses this append as the protocol sees it")
     _check_credit(pins.credit, usage, request)
     first = usage.last_sequence + 1
     return AppendResult(first, first + len(request.records) - 1, replayed=False)
@@ -346,7 +390,7 @@ class _Columns:
 async def append_batch(conn: asyncpg.Connection, requests: Sequence[AppendRequest]) -> Batch:
     """Decide and write ``requests`` (any streams) in the caller's transaction. Each request gets its
     result or the error that refused it; refusals write nothing and never fail the others."""
-    rows = await lock_streams(conn, [q.key for q in requests])
+    rows = await lock_streams(conn, [q.key for q in requests], frozenset(q.key for q in requests if q.durable))
     digest_pins = await streams.pins_by_digest(conn, rows.values())
     usages = _usages(rows)
     receipts = await _receipts(conn, requests)
@@ -394,6 +438,9 @@ async def append_batch(conn: asyncpg.Connection, requests: Sequence[AppendReques
             await conn.execute(_WRITE, *arguments, *columns.receipts, *columns.deliveries)
         else:
             await conn.execute(_WRITE_RECORDS, *arguments)
+        renewed = [key for key in batch.written if rows[key]["durable_ttl_seconds"] is not None]
+        if renewed:
+            await conn.execute(_TOUCH, [k[0] for k in renewed], [k[1] for k in renewed])
         batch.timeline = next(iter(rows.values()))["timeline"]
     return batch
 

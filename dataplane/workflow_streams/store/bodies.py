@@ -82,8 +82,9 @@ _FORMS: dict[str, tuple[str, str]] = {
 # both budgets, $4 records and $5 bytes (at least one record). ``base`` is the stream's cumulative bytes
 # through the cursor (its pruned bytes when the cursor's record is gone); cumulative bytes grow with the
 # sequence, so the end is found by a binary search of point lookups (about twenty for a million records)
-# rather than by reading the records.
-_PLAN = f"""
+# rather than by reading the records. The search starts by probing its upper bound: a page that fits
+# its byte budget whole (most pages: a record budget of 10 or 1,000 small records) is decided in one.
+_SEARCH = f"""
 WITH RECURSIVE s AS (
     SELECT w.stream_key, {streams.columns("w")}, {TIMELINE} AS timeline,
            coalesce((SELECT c.cumulative_bytes FROM wfs_records c
@@ -91,7 +92,13 @@ WITH RECURSIVE s AS (
     FROM wfs_streams w WHERE w.run_id = $1 AND w.stream_id = $2
 ), search(lo, hi) AS (
     -- written not to overflow for any cursor (one past the latest is refused after this statement)
-    SELECT least($3, s.last_sequence) + 1, $3 + least($4::bigint, s.last_sequence - $3) FROM s
+    SELECT CASE WHEN (SELECT c.cumulative_bytes FROM wfs_records c
+                      WHERE c.stream_key = s.stream_key AND c.sequence = bound.hi) - s.base <= $5::bigint
+                THEN bound.hi ELSE bound.lo END,
+           bound.hi
+    FROM s CROSS JOIN LATERAL (
+        SELECT least($3, s.last_sequence) + 1 AS lo, $3 + least($4::bigint, s.last_sequence - $3) AS hi
+    ) bound
     UNION ALL
     SELECT CASE WHEN probe.fits THEN half.mid ELSE search.lo END,
            CASE WHEN probe.fits THEN search.hi ELSE half.mid - 1 END
@@ -103,8 +110,31 @@ WITH RECURSIVE s AS (
     ) probe
     WHERE search.lo < search.hi
 )
-SELECT s.stream_key, {streams.COLUMNS}, s.timeline, (SELECT min(hi) FROM search) AS page_end FROM s
 """
+
+
+def _plan(form: Form) -> str:
+    """The plan (``_SEARCH``) and the page's first part in ``form``: at most $6 records from its start,
+    as ``fetch_part`` reads them. A page of one part, which most reads are, is then one round trip, and
+    a long one's first part is read while it is planned. The part's end is written not to overflow for
+    any cursor, as the search's is; for a cursor that is refused it reads nothing or a few records that
+    are never served."""
+    expression, separator = _FORMS[form]
+    return f"""{_SEARCH}
+SELECT s.stream_key, {streams.columns("s")}, s.timeline, e.page_end, f.data, f.lengths
+FROM s CROSS JOIN LATERAL (SELECT min(hi) AS page_end FROM search) e
+CROSS JOIN LATERAL (
+    SELECT string_agg(q.value, '\\x{separator.encode().hex()}'::bytea) AS data,
+           array_agg(octet_length(q.value)) AS lengths
+    FROM (SELECT {expression} AS value FROM wfs_records r
+          WHERE r.stream_key = s.stream_key AND r.sequence > $3
+            AND r.sequence <= $3 + least($6::bigint, e.page_end - $3)
+          ORDER BY r.sequence OFFSET 0) q
+) f
+"""
+
+
+_PLANS: dict[str, str] = {form: _plan(form) for form in _FORMS}  # type: ignore[arg-type]
 
 
 def _part(form: Form) -> str:
@@ -131,6 +161,13 @@ class Part:
 
     data: bytes
     lengths: list[int]
+
+    def prefix(self, count: int, separator: bytes) -> Part:
+        """Its first ``count`` records (a slice of the joined data: nothing is copied twice)."""
+        if count >= len(self.lengths):
+            return self
+        end = sum(self.lengths[:count]) + len(separator) * max(0, count - 1)
+        return Part(self.data[:end], self.lengths[:count])
 
 
 @dataclass(frozen=True)
@@ -204,6 +241,9 @@ class Plan:
     pins: StreamPins
     pins_digest: str
     timeline: str
+    # the page's first part (``plan`` reads it with the plan; a test's plan may leave it out), and its form
+    first: Part | None = None
+    form: Form = "records"
 
     @property
     def count(self) -> int:
@@ -218,13 +258,17 @@ class Plan:
         start, and not closed: the close may lie beyond), and how many records were held back."""
         end = min(self.end, max(self.after, known))
         bounds = self.bounds.as_durable_as(known, end)
-        return dataclasses.replace(self, end=end, bounds=bounds, closed=False), self.end - end
+        first = self.first.prefix(end - self.after, _FORMS_SEPARATOR[self.form]) if self.first else None
+        if first is not None and not first.lengths:
+            first = None
+        return dataclasses.replace(self, end=end, bounds=bounds, closed=False, first=first), self.end - end
 
     def body(self, form: Form, parts: list[Part], *, after: int | None = None) -> Body:
         """The page's records in ``parts``, those after ``after`` (the page's start unless said): closed
         only if they reach the page's end."""
-        body = Body(self.after if after is None else after, parts, self.bounds, False, form)
-        return dataclasses.replace(body, closed=self.closed and body.next_after == self.end)
+        after = self.after if after is None else after
+        count = sum(len(part.lengths) for part in parts)
+        return Body(after, parts, self.bounds, self.closed and after + count == self.end, form)
 
 
 class PageChanged(Exception):
@@ -236,21 +280,39 @@ async def plan(
     run_id: str,
     stream_id: str,
     after: int,
+    form: Form,
     *,
     max_records: int,
     max_bytes: int,
+    first_records: int,
     access: Access | None = None,
 ) -> Plan:
     """The page of records with sequence > after: at most ``max_records`` and ``max_bytes`` of their
-    stored sizes (at least one record). With ``access``, it is checked on the stream's row first, as
-    ``reads.fetch_page`` does; a cursor past the latest or pruned is refused here."""
-    head = await conn.fetchrow(_PLAN, run_id, stream_id, after, max_records, max_bytes)
+    stored sizes (at least one record), with its first ``first_records`` in ``form`` (``Plan.first``).
+    With ``access``, it is checked on the stream's row first, as ``reads.fetch_page`` does; a cursor
+    past the latest or pruned is refused here."""
+    head = await conn.fetchrow(_PLANS[form], run_id, stream_id, after, max_records, max_bytes, first_records)
     stream = streams.checked(head, access)
     assert head is not None  # checked raises for a missing stream
     check_cursor(after, stream.bounds)
     end = max(after, head["page_end"])
+    first = None
+    if end > after:
+        lengths = head["lengths"]
+        if lengths is None or len(lengths) != min(first_records, end - after):
+            raise PageChanged(f"records after {after} are not all there")  # not in the row's snapshot
+        first = Part(head["data"], lengths)
     return Plan(
-        head["stream_key"], after, end, stream.bounds, stream.closed, stream.pins, stream.pins_digest, head["timeline"]
+        head["stream_key"],
+        after,
+        end,
+        stream.bounds,
+        stream.closed,
+        stream.pins,
+        stream.pins_digest,
+        head["timeline"],
+        first,
+        form,
     )
 
 

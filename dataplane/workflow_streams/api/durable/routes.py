@@ -14,7 +14,14 @@ from ...adapters import metrics
 from ...domain import durable as rules
 from ...domain.authz import Access, Principal
 from ...domain.durable_pins import default_template, pins_from_template
-from ...domain.errors import InvalidInput, StreamClosed
+from ...domain.errors import (
+    Backpressure,
+    BatchExceedsCredit,
+    InvalidInput,
+    QuotaExhausted,
+    StreamClosed,
+    StreamError,
+)
 from ...domain.pins import StreamPins
 from ...domain.records import RecordIn
 from ...runtime import group_commit
@@ -210,6 +217,13 @@ async def post(request: web.Request) -> web.Response:
     stream_seq = request.headers.get(h.SEQ)
     content_type = request.headers.get("Content-Type")  # not request.content_type: absent must stay absent
     body = await read_body(request)
+    if body and content_type and producer is None and stream_seq is None and not closing:
+        # a plain append, most of them: one group-committed transaction that also checks what the
+        # protocol asks of the stream; one it refuses is answered by the full path below, which orders
+        # the protocol's errors
+        outcome = await _plain_append(call, content_type, body)
+        if outcome is not None:
+            return _appended(outcome, None, wrote=True)
     if not body and not closing:
         raise InvalidInput("an append needs a body (or Stream-Closed: true to close)", field="/")
     if body and not content_type:
@@ -235,19 +249,45 @@ async def post(request: web.Request) -> web.Response:
     return _appended(outcome, producer, wrote=bool(records))
 
 
+# refusals the plain path answers itself: credit is decided alike on both paths, after the protocol's checks
+_CREDIT_REFUSALS = (Backpressure, QuotaExhausted, BatchExceedsCredit)
+
+
+async def _plain_append(call: Call, content_type: str, body: bytes) -> store.AppendOutcome | None:
+    """A plain append through the shared path (group commit, credit waits) like any append of our API,
+    its stream loaded once, under the row lock (``AppendRequest.durable``); None when it was refused for
+    anything but credit (nothing was written), for the full path to answer."""
+    try:
+        records = rules.records(content_type, body, allow_empty=False)
+    except StreamError:
+        return None  # a body bad for its own content type: the stream's may be another (409 first)
+    request = AppendRequest(call.run_id, call.stream_id, records, call.principal, durable=content_type)
+    try:
+        result = await group_commit.append_records(call.app.appends, call.app.hub, request)
+    except _CREDIT_REFUSALS:
+        raise
+    except StreamError:
+        return None
+    return store.AppendOutcome(result.last_sequence, False, False, None)
+
+
 async def _append(call: Call, meta: store.Meta, plan: store.AppendPlan) -> store.AppendOutcome:
     app, run_id, stream_id = call.app, call.run_id, call.stream_id
     if plan.producer is None and plan.stream_seq is None and not plan.close:
-        # a plain append: the shared path (group commit, credit waits) like any append of our API
-        request = AppendRequest(run_id, stream_id, plan.records, call.principal)
+        # what the plain path refused, decided again after the load: one refusal answered in its order
+        request = AppendRequest(run_id, stream_id, plan.records, call.principal, durable=meta.content_type)
         try:
             result = await group_commit.append_records(app.appends, app.hub, request)
-        except StreamClosed:
+        except (StreamClosed, rules.PlainAppendRefused) as exc:
+            # closed, deleted, expired or made again since the load: the stream as it is now answers
             async with app.pool.acquire() as conn:
-                raise store.ClosedStream((await store.load(conn, run_id, stream_id)).last_sequence) from None
-        if meta.lifetime.ttl_seconds is not None:
-            async with app.pool.acquire() as conn:
-                await store.touch(conn, meta)
+                now = await store.load(conn, run_id, stream_id)  # gone, expired: that is the answer
+            if isinstance(exc, StreamClosed):
+                raise store.ClosedStream(now.last_sequence) from None
+            raise rules.ContentTypeMismatch(
+                f"the stream's content type is {now.content_type}, not {meta.content_type}",
+                stream_content_type=now.content_type,
+            ) from None
         return store.AppendOutcome(result.last_sequence, False, False, None)
 
     async def attempt() -> store.AppendOutcome:
