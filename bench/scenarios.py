@@ -1,21 +1,28 @@
-"""The measurements: Postgres ceilings from pgbench, then appends and live delivery driven by the
-compiled generator (``bench/loadgen``), each with the generator's, the server's and Postgres' CPU."""
+"""The measurements: Postgres ceilings from pgbench, then appends, live delivery, small reads, batched
+appends (beside Redis) and the Durable Streams surface's appends (beside our API's and the protocol's
+reference server), driven by the compiled generator (``bench/loadgen``), each with the generator's, the
+server's and Postgres' CPU."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import resource
+import shutil
+import tempfile
 import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import asyncpg
 
-from bench import generator
+from bench import generator, redis
 from bench.harness import (
+    AUTH,
     PREFIX,
     TOKEN,
     Meter,
@@ -28,9 +35,13 @@ from bench.harness import (
     postmaster_pid,
     process_tree_cpu,
 )
+from workflow_streams.local.npm import npm_ci
 from workflow_streams.local.postgres import LocalPostgres
+from workflow_streams.local.process import Process
 
 PGBENCH_SCRIPTS = Path(__file__).resolve().parent / "pgbench"
+DS_PREFIX = "/api/durable-streams"  # the Durable Streams protocol surface, on the same server
+REFERENCE = Path(__file__).resolve().parent / "catchup"  # the npm project holding the reference server
 
 
 @dataclass(frozen=True)
@@ -44,6 +55,10 @@ class Timing:
     append_seconds: float
     sse_seconds: float
     catch_up_records: int
+    read_warmup: float  # small reads (``small_reads``)
+    read_seconds: float
+    batch_seconds: float  # batched and durable appends (their warm-up is append_warmup)
+    redis_seconds: float  # each Redis XADD ceiling, about (its -n is sized from a first, shorter run)
 
 
 QUICK = Timing(
@@ -54,6 +69,10 @@ QUICK = Timing(
     append_seconds=4.0,
     sse_seconds=5.0,
     catch_up_records=200_000,
+    read_warmup=1.0,
+    read_seconds=4.0,
+    batch_seconds=4.0,
+    redis_seconds=4.0,
 )
 FULL = Timing(
     pgbench_seconds=20,
@@ -63,6 +82,10 @@ FULL = Timing(
     append_seconds=20.0,
     sse_seconds=30.0,
     catch_up_records=200_000,  # as the quick run and bench.catchup: the figures compare across them
+    read_warmup=3.0,
+    read_seconds=20.0,
+    batch_seconds=20.0,
+    redis_seconds=10.0,
 )
 
 # (streams, connections)
@@ -71,6 +94,14 @@ APPEND_CASES = [(1, 8), (1, 32), (1, 128), (1000, 8), (1000, 32), (1000, 128)]
 # subscribers, streams, appends a second, records already in each stream when they connect (a burst of
 # subscribers reconnecting behind after an outage: they read the backlog from the start, then follow)
 SSE_CASES = [(1, 1, 50.0, 0), (100, 1, 50.0, 0), (1000, 1, 20.0, 0), (10_000, 1000, 100.0, 0), (1000, 100, 100.0, 2000)]
+# small reads: streams, connections, records each stream holds, the ?limit= of each read (issue 47)
+READ_SHAPE = (1000, 32, 20)
+READ_LIMITS = [1, 10]
+# batched appends: streams, connections; records per request, each beside Redis XADD pipelined as deep
+BATCH_SHAPE = (1000, 32)
+BATCHES = [10, 100]
+# the Durable Streams surface's appends: streams, connections (beside our API's in the same shape)
+DURABLE_SHAPE = (1000, 32)
 
 
 def _ratio(ours: float, base: float) -> float:
@@ -126,7 +157,8 @@ def simple_update(pg: LocalPostgres, seconds: int, clients: int = 32) -> dict[st
 def pgbench_ceilings(pg: LocalPostgres, seconds: int, clients: int = 32, streams: int = 1000) -> dict[str, Any]:
     """The commit rate Postgres itself reaches on this machine, with 32 clients: pgbench's simple
     update (``-N``), and exactly our append transaction on 1,000 streams, without and with the
-    in-transaction ``pg_notify`` the server sends today."""
+    in-transaction ``pg_notify`` the server sends today; and the rate it answers one-row reads, pgbench's
+    select-only (``-S``), the small reads' ceiling."""
     run = _clients(clients, seconds)
     init_pgbench(pg)
     simple_run = simple_update(pg, seconds, clients)
@@ -134,6 +166,13 @@ def pgbench_ceilings(pg: LocalPostgres, seconds: int, clients: int = 32, streams
     print(
         f"  pgbench -N, {clients} clients: {simple:,.0f} tps; CPU cores: pgbench {simple_run['client_cores']}, "
         f"postgres {simple_run['postgres_cores']} ({simple_run['cpu_us_per_txn']} us per transaction)",
+        flush=True,
+    )
+    select_run = _pgbench_cpu(pg, "-S", *run, "pgbench")
+    print(
+        f"  pgbench -S, {clients} clients: {select_run['tps']:,.0f} tps; CPU cores: pgbench "
+        f"{select_run['client_cores']}, postgres {select_run['postgres_cores']} "
+        f"({select_run['cpu_us_per_txn']} us per transaction)",
         flush=True,
     )
     pg_tool(
@@ -154,6 +193,8 @@ def pgbench_ceilings(pg: LocalPostgres, seconds: int, clients: int = 32, streams
         "seconds": seconds,
         "simple_update_tps": round(simple),
         "simple_update_cpu": simple_run,
+        "select_only_tps": round(select_run["tps"]),
+        "select_only_cpu": select_run,
     }
     for name, script in (("append_tps", "append.sql"), ("append_notify_tps", "append_notify.sql")):
         tps = _pgbench(pg, "-f", str(PGBENCH_SCRIPTS / script), "-D", f"streams={streams}", *run, "postgres")
@@ -345,3 +386,283 @@ async def deliveries(server: Server, pg: LocalPostgres, timing: Timing) -> list[
 async def settle(seconds: float = 1.0) -> None:
     """A pause between cases, so one case's tail (closing sockets, checkpoints) is not the next one's."""
     await asyncio.sleep(seconds)
+
+
+# --- small reads, batched appends, the Durable Streams surface's appends (issue 47) --------------
+
+
+def _loop_row(report: dict[str, Any], meter: Meter) -> dict[str, Any]:
+    """What every closed-loop case reports beside its rate: latency, errors, and everyone's CPU over
+    the measured window."""
+    return {
+        "latency_ms": report["latency_ms"],
+        "errors": report["errors"],
+        "generator_cores": report["cpu_share"],
+        **meter.between("measuring", "measured"),
+        "generator": report,
+    }
+
+
+def _summary(row: dict[str, Any]) -> str:
+    """The end of a case's printed line: p50, p99, errors and the CPU columns."""
+    lat = row["latency_ms"]
+    return (
+        f"p50 {lat['p50']:.1f} ms p99 {lat['p99']:.1f} ms, errors {row['errors'] or 0}; CPU cores: generator "
+        f"{row['generator_cores']}, server {row['server_cores']}, postgres {row['postgres_cores']}"
+    )
+
+
+async def preload(url: str, run: str, streams: int, records: int, prefix: str = "bench-") -> None:
+    """``records`` records of 100 B into each of the streams {prefix}0..{streams-1}, one batch append a
+    stream, 16 in flight: the small reads' data, loaded before and not timed."""
+    body = json.dumps({"records": [{"data": "x" * 98}] * records}).encode()  # 100 bytes of JSON each
+    headers = {**AUTH, "Content-Type": "application/json"}
+    async with aiohttp.ClientSession(headers=headers) as http:
+
+        async def load(i: int) -> None:
+            async with http.post(f"{url}{PREFIX}/runs/{run}/streams/{prefix}{i}/records", data=body) as resp:
+                if resp.status != 201:
+                    raise RuntimeError(f"loading {prefix}{i}: {resp.status} {await resp.text()}")
+
+        for start in range(0, streams, 16):
+            await asyncio.gather(*(load(i) for i in range(start, min(start + 16, streams))))
+
+
+async def small_reads(
+    server: Server, pg: LocalPostgres, timing: Timing, ceilings: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """Reads of 1 and of 10 records from the start (``?after=0&limit=N``) of random streams among 1,000
+    that hold 20 each, over 32 connections: what every polling consumer and every get-then-read pays,
+    beside pgbench's select-only transaction (one indexed row a read) on the same Postgres."""
+    streams, conns, records = READ_SHAPE
+    base = server.url + PREFIX
+    run = f"r{streams}-{uuid.uuid4().hex[:8]}"
+    await generator.run("create", base, TOKEN, run=run, streams=streams, create=pins())
+    await preload(server.url, run, streams, records)
+    out = []
+    for limit in READ_LIMITS:
+        await settle()
+        meter = Meter(server, postmaster_pid(pg))
+        report = await generator.run(
+            "read",
+            base,
+            TOKEN,
+            on_phase=meter.mark,
+            run=run,
+            streams=streams,
+            conns=conns,
+            after=0,
+            limit=limit,
+            warmup=f"{timing.read_warmup}s",
+            duration=f"{timing.read_seconds}s",
+        )
+        rate = report["reads_per_s"]
+        row = {
+            "case": f"{streams:,} streams x {conns} connections, after=0 limit={limit}",
+            "streams": streams,
+            "connections": conns,
+            "records_per_stream": records,
+            "limit": limit,
+            "reads_per_s": round(rate),
+            "x_pgbench_select": _ratio(rate, ceilings["select_only_tps"]),
+            # a check that a read held what it asked for: ~limit records of ~130 bytes of JSON each
+            "bytes_per_read": round(report["bytes_per_s"] / rate) if rate else None,
+            **_loop_row(report, meter),
+        }
+        out.append(row)
+        print(
+            f"  read {row['case']}: {rate:,.0f}/s (x{row['x_pgbench_select']} pgbench -S at "
+            f"{ceilings['select_only_tps']:,} tps; {row['bytes_per_read']} bytes a read), {_summary(row)}",
+            flush=True,
+        )
+    return out
+
+
+def _redis_ceiling(peer: redis.Redis, pipeline: int, seconds: float) -> dict[str, Any]:
+    """Redis XADD pipelined ``pipeline`` deep for about ``seconds``: redis-benchmark counts requests,
+    not time, so a first short run (also its warm-up) sizes the measured one."""
+    probe = peer.xadd(pipeline, 50_000)
+    ceiling = peer.xadd(pipeline, max(50_000, round(probe["records_per_s"] * seconds)))
+    ceiling["probe_records_per_s"] = probe["records_per_s"]
+    return ceiling
+
+
+async def batched_appends(server: Server, pg: LocalPostgres, timing: Timing) -> list[dict[str, Any]]:
+    """Appends of 10 and of 100 records of 100 B a request to random streams among 1,000 over 32
+    connections, each beside Redis XADD pipelined as deep (``bench.redis``), measured just before it
+    while the server and Postgres are idle. Without redis-server here the cases run without a ceiling."""
+    streams, conns = BATCH_SHAPE
+    base = server.url + PREFIX
+    run = f"b{streams}-{uuid.uuid4().hex[:8]}"
+    await generator.run("create", base, TOKEN, run=run, streams=streams, create=pins())
+    peer = redis.Redis() if redis.available() else None
+    if peer is None:
+        print("  redis-server or redis-benchmark missing (scripts/bootstrap installs them): no Redis ceiling")
+    out = []
+    try:
+        if peer is not None:
+            await asyncio.to_thread(peer.ready)
+        for batch in BATCHES:
+            ceiling = None
+            if peer is not None:
+                ceiling = await asyncio.to_thread(_redis_ceiling, peer, batch, timing.redis_seconds)
+                print(
+                    f"  redis XADD -P {batch}, {ceiling['clients']} clients, {ceiling['streams']:,} streams, "
+                    f"appendfsync always: {ceiling['records_per_s']:,} records/s, p50 "
+                    f"{ceiling['latency_ms']['p50']:.1f} ms p99 {ceiling['latency_ms']['p99']:.1f} ms; CPU cores: "
+                    f"redis-benchmark {ceiling['generator_cores']}, redis-server {ceiling['redis_cores']}",
+                    flush=True,
+                )
+            await settle()
+            meter = Meter(server, postmaster_pid(pg))
+            commits = await group_commits(server.url)
+            report = await generator.run(
+                "append",
+                base,
+                TOKEN,
+                on_phase=meter.mark,
+                run=run,
+                streams=streams,
+                conns=conns,
+                batch=batch,
+                warmup=f"{timing.append_warmup}s",
+                duration=f"{timing.batch_seconds}s",
+            )
+            rate = report["records_per_s"]
+            row = {
+                "case": f"batches of {batch}, {streams:,} streams x {conns} connections",
+                "streams": streams,
+                "connections": conns,
+                "batch": batch,
+                "appends_per_s": round(report["appends_per_s"]),
+                "records_per_s": round(rate),
+                "redis": ceiling,
+                "x_redis": _ratio(rate, ceiling["records_per_s"]) if ceiling else None,
+                **_loop_row(report, meter),
+                "appends_per_transaction": appends_per_transaction(commits, await group_commits(server.url)),
+            }
+            out.append(row)
+            beside = (
+                f"x{row['x_redis']} Redis XADD -P {batch} at {ceiling['records_per_s']:,}/s" if ceiling else "no Redis"
+            )
+            print(
+                f"  append {row['case']}: {report['appends_per_s']:,.0f} requests/s = {rate:,.0f} records/s "
+                f"({beside}), {_summary(row)}",
+                flush=True,
+            )
+    finally:
+        if peer is not None:
+            peer.stop()
+    return out
+
+
+async def durable_appends(server: Server, pg: LocalPostgres, timing: Timing) -> dict[str, Any]:
+    """Appends of 100 B to random text/plain streams among 1,000 over 32 connections on the Durable
+    Streams surface (``POST /v1/stream/<run>/<stream>``, the raw body, 204), created with the protocol's
+    PUT; beside our API's appends in the same shape measured just before, and beside the protocol's
+    reference server with its file store (``reference_appends``) when Node is here."""
+    streams, conns = DURABLE_SHAPE
+    out: dict[str, Any] = {}
+    for surface in ("api", "durable"):
+        await settle()
+        run = f"{surface[0]}{streams}-{uuid.uuid4().hex[:8]}"
+        base = server.url + (DS_PREFIX if surface == "durable" else PREFIX)
+        create: dict[str, Any] | str = "put" if surface == "durable" else pins()
+        await generator.run("create", base, TOKEN, run=run, streams=streams, surface=surface, create=create)
+        meter = Meter(server, postmaster_pid(pg))
+        report = await generator.run(
+            "append",
+            base,
+            TOKEN,
+            on_phase=meter.mark,
+            run=run,
+            streams=streams,
+            conns=conns,
+            surface=surface,
+            warmup=f"{timing.append_warmup}s",
+            duration=f"{timing.batch_seconds}s",
+        )
+        out[surface] = {
+            "case": f"{'Durable Streams, text/plain' if surface == 'durable' else 'our API'}, "
+            f"{streams:,} streams x {conns} connections",
+            "surface": surface,
+            "streams": streams,
+            "connections": conns,
+            "appends_per_s": round(report["appends_per_s"]),
+            **_loop_row(report, meter),
+        }
+    await settle()
+    out["reference_file"] = await reference_appends(timing, streams, conns)
+    ours, api, reference = out["durable"], out["api"], out["reference_file"]
+    ours["x_api"] = _ratio(ours["appends_per_s"], api["appends_per_s"])
+    ours["x_reference_file"] = _ratio(ours["appends_per_s"], reference["appends_per_s"]) if reference else None
+    print(f"  append {api['case']}: {api['appends_per_s']:,}/s, {_summary(api)}", flush=True)
+    if reference is not None:
+        print(
+            f"  append {reference['case']}: {reference['appends_per_s']:,}/s, p50 {reference['latency_ms']['p50']:.1f}"
+            f" ms p99 {reference['latency_ms']['p99']:.1f} ms, errors {reference['errors'] or 0}; CPU cores: "
+            f"generator {reference['generator_cores']}, reference server {reference['server_cores']}",
+            flush=True,
+        )
+    beside = f", x{ours['x_reference_file']} the reference server's file store" if reference else ""
+    print(
+        f"  append {ours['case']}: {ours['appends_per_s']:,}/s (x{ours['x_api']} our API's beside it{beside}), "
+        f"{_summary(ours)}",
+        flush=True,
+    )
+    return out
+
+
+async def reference_appends(timing: Timing, streams: int, conns: int) -> dict[str, Any] | None:
+    """The same appends against the protocol's reference server (``@durable-streams/server``, from
+    bench/catchup's npm project, started by bench/catchup/serve.mjs) with its file store in a temporary
+    directory: each append written and fdatasync'ed before its 204, as ours are committed. None when
+    Node.js is not here."""
+    if shutil.which("node") is None or not (REFERENCE / "package.json").exists():
+        print("  Node.js missing: no reference server beside the Durable Streams appends", flush=True)
+        return None
+    await asyncio.to_thread(npm_ci, REFERENCE, "the reference server beside the Durable Streams appends")
+    data = Path(tempfile.mkdtemp(prefix="wfs-ds-reference-"))
+    process = Process(
+        ["node", "serve.mjs", str(data / "store")], log=data / "reference.log", cwd=REFERENCE, name="reference server"
+    )
+    try:
+        found = await asyncio.to_thread(process.wait_for_output, r'\{"url":"(http://[^"]+)"', seconds=30)
+        url = found[1]
+        run = f"f{streams}-{uuid.uuid4().hex[:8]}"
+        await generator.run("create", url, TOKEN, run=run, streams=streams, surface="durable", create="put")
+        marks: dict[str, float] = {}
+        report = await generator.run(
+            "append",
+            url,
+            TOKEN,
+            on_phase=lambda phase: marks.__setitem__(phase, process_tree_cpu(process.pid)),
+            run=run,
+            streams=streams,
+            conns=conns,
+            surface="durable",
+            warmup=f"{timing.append_warmup}s",
+            duration=f"{timing.batch_seconds}s",
+        )
+        return {
+            "case": f"the reference server {_reference_version()}, file store, "
+            f"{streams:,} streams x {conns} connections",
+            "store": "file",
+            "appends_per_s": round(report["appends_per_s"]),
+            "latency_ms": report["latency_ms"],
+            "errors": report["errors"],
+            "generator_cores": report["cpu_share"],
+            "server_cores": round((marks["measured"] - marks["measuring"]) / timing.batch_seconds, 3),
+            "generator": report,
+        }
+    finally:
+        process.stop(grace=10)
+        shutil.rmtree(data, ignore_errors=True)
+
+
+def _reference_version() -> str:
+    package = REFERENCE / "node_modules" / "@durable-streams" / "server" / "package.json"
+    try:
+        return str(json.loads(package.read_text())["version"])
+    except (OSError, ValueError, KeyError):
+        return "(version unknown)"

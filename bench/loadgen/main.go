@@ -3,8 +3,11 @@
 // figures so a reader can tell when the generator, not the server, was the limit.
 //
 //	wfs-loadgen append -url http://127.0.0.1:8080/api/workflow-streams -token T -run r -streams 1000 -conns 32 -duration 10s
+//	wfs-loadgen append -url ... -token T -run r -streams 1000 -batch 100   (100 records a request)
+//	wfs-loadgen append -surface durable -url http://127.0.0.1:8080/api/durable-streams -token T -run r -streams 1000 -create put
 //	wfs-loadgen sse    -url ... -token T -run r -streams 1000 -subscribers 10000 -rate 100 -duration 10s
 //	wfs-loadgen read   -url ... -token T -run r -streams 1000000 -conns 8 -after 5 -duration 10s
+//	wfs-loadgen read   -url ... -token T -run r -streams 1000 -conns 32 -after 0 -limit 1
 //	wfs-loadgen create -url ... -token T -run r -streams 1000 -create '{"direction": ...}'
 //	wfs-loadgen catchup -surface api|ds|sse|ds-sse -url ... -token T -run r -stream s -until 200000
 //
@@ -55,6 +58,7 @@ func runCreate(args []string) error {
 	fs := flag.NewFlagSet("create", flag.ExitOnError)
 	var t target
 	base := t.flags(fs)
+	t.surfaceFlag(fs)
 	_ = fs.Parse(args)
 	if err := t.parse(*base); err != nil {
 		return err

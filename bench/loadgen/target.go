@@ -20,7 +20,14 @@ type target struct {
 	prefix  string
 	streams int
 	pins    string // when set, the streams are created with these pins first
+	// api: our API (-url …/api/workflow-streams); durable: the Durable Streams protocol surface of the
+	// same server (-url …/api/durable-streams), whose stream <run>/<stream> is our (run, stream)
+	surface string
 }
+
+// The durable surface's streams are created and appended to as text: a POST's body is one record,
+// stored as it is sent, so the record is the same 100 bytes as our API's JSON string.
+const durableType = "text/plain"
 
 func (t *target) flags(fs *flag.FlagSet) (base *string) {
 	base = fs.String("url", "http://127.0.0.1:8080/api/workflow-streams", "API base URL")
@@ -28,8 +35,15 @@ func (t *target) flags(fs *flag.FlagSet) (base *string) {
 	fs.StringVar(&t.run, "run", "bench", "run id")
 	fs.StringVar(&t.prefix, "prefix", "bench-", "stream ids are {prefix}{i}")
 	fs.IntVar(&t.streams, "streams", 1, "number of streams")
-	fs.StringVar(&t.pins, "create", "", "pins JSON: create the streams with it before measuring")
+	fs.StringVar(&t.pins, "create", "", "pins JSON: create the streams with it before measuring "+
+		"(durable surface: any value creates them with PUT, the server's template giving the pins)")
 	return base
+}
+
+// surfaceFlag adds -surface, for the modes that speak both surfaces (append, read, create).
+func (t *target) surfaceFlag(fs *flag.FlagSet) {
+	fs.StringVar(&t.surface, "surface", "api", "api (our API) | durable (the Durable Streams surface; "+
+		"-url is then its base, e.g. http://127.0.0.1:8080/api/durable-streams)")
 }
 
 func (t *target) parse(base string) error {
@@ -39,6 +53,13 @@ func (t *target) parse(base string) error {
 	}
 	if t.streams < 1 {
 		return fmt.Errorf("-streams must be at least 1")
+	}
+	switch t.surface {
+	case "":
+		t.surface = "api"
+	case "api", "durable":
+	default:
+		return fmt.Errorf("-surface must be api or durable, got %q", t.surface)
 	}
 	t.base = u
 	return nil
@@ -55,13 +76,40 @@ func (t *target) recordsPath(i int) string {
 	return fmt.Sprintf("%s/runs/%s/streams/%s/records", t.base.Path, t.run, t.stream(i))
 }
 
+func (t *target) durable() bool { return t.surface == "durable" }
+
+// streamPath is the path of stream i on the durable surface, for a request line.
+func (t *target) streamPath(i int) string {
+	return fmt.Sprintf("%s/v1/stream/%s/%s", t.base.Path, t.run, t.stream(i))
+}
+
+// appendPath is where stream i's records are appended on t's surface.
+func (t *target) appendPath(i int) string {
+	if t.durable() {
+		return t.streamPath(i)
+	}
+	return t.recordsPath(i)
+}
+
+// bodyType is the Content-Type of the bodies a mode sends to t's surface.
+func (t *target) bodyType() string {
+	if t.durable() {
+		return durableType
+	}
+	return "application/json"
+}
+
 func (t *target) post(client *http.Client, url string, body []byte) (int, []byte, error) {
-	req, err := http.NewRequest(http.MethodPost, url, bytes.NewReader(body))
+	return t.send(client, http.MethodPost, url, "application/json", body)
+}
+
+func (t *target) send(client *http.Client, method, url, contentType string, body []byte) (int, []byte, error) {
+	req, err := http.NewRequest(method, url, bytes.NewReader(body))
 	if err != nil {
 		return 0, nil, err
 	}
 	req.Header.Set("Authorization", "Bearer "+t.token)
-	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Content-Type", contentType)
 	resp, err := client.Do(req)
 	if err != nil {
 		return 0, nil, err
@@ -77,7 +125,6 @@ func (t *target) create(client *http.Client) error {
 	if t.pins == "" {
 		return nil
 	}
-	url := fmt.Sprintf("%s/runs/%s/streams", t.base, t.run)
 	work := make(chan int)
 	errs := make(chan error, t.streams)
 	var wg sync.WaitGroup
@@ -86,12 +133,7 @@ func (t *target) create(client *http.Client) error {
 		go func() {
 			defer wg.Done()
 			for i := range work {
-				body := fmt.Sprintf(`{"stream_id":%q,"pins":%s}`, t.stream(i), t.pins)
-				status, answer, err := t.post(client, url, []byte(body))
-				if err == nil && status != 200 && status != 201 {
-					err = fmt.Errorf("creating %s: %d %s", t.stream(i), status, answer)
-				}
-				if err != nil {
+				if err := t.createOne(client, i); err != nil {
 					errs <- err
 				}
 			}
@@ -104,6 +146,25 @@ func (t *target) create(client *http.Client) error {
 	wg.Wait()
 	close(errs)
 	return <-errs // nil when the channel is empty
+}
+
+// createOne makes stream i: our API's create with the pins, or on the durable surface a PUT of an
+// empty text stream, as the protocol's clients create one (the server's template gives the pins).
+func (t *target) createOne(client *http.Client, i int) error {
+	var status int
+	var answer []byte
+	var err error
+	if t.durable() {
+		origin := t.base.Scheme + "://" + t.base.Host
+		status, answer, err = t.send(client, http.MethodPut, origin+t.streamPath(i), durableType, nil)
+	} else {
+		body := fmt.Sprintf(`{"stream_id":%q,"pins":%s}`, t.stream(i), t.pins)
+		status, answer, err = t.post(client, fmt.Sprintf("%s/runs/%s/streams", t.base, t.run), []byte(body))
+	}
+	if err == nil && status != 200 && status != 201 {
+		err = fmt.Errorf("creating %s: %d %s", t.stream(i), status, answer)
+	}
+	return err
 }
 
 func newClient(conns int) *http.Client {
