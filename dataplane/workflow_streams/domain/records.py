@@ -76,11 +76,24 @@ def parse_append_body(body: Any) -> list[RecordIn]:
             raise InvalidInput("records must be a non-empty array", field="records")
         if len(items) > MAX_BATCH:
             raise InvalidInput(f"a batch holds at most {MAX_BATCH} records", field="records", limit=MAX_BATCH)
-        return [_parse_record(item, f"records/{i}") for i, item in enumerate(items)]
-    return [_parse_record(body, "")]
+        return [_parse_record(item, i) for i, item in enumerate(items)]
+    return [_parse_record(body, None)]
 
 
-def _parse_record(item: Any, where: str) -> RecordIn:
+def _parse_record(item: Any, index: int | None) -> RecordIn:
+    """A record of a body (``index``: its place in a batch). The usual record, ``{"data": …}`` of the
+    default content type, takes the shortest way; a field's name is only written for an error."""
+    if type(item) is dict and len(item) == 1 and "data" in item:
+        try:
+            payload = encode_json(item["data"])
+        except ValueError:
+            payload = None  # the full rules below name the field
+        if payload is not None and len(payload) <= INLINE_LIMIT:
+            return RecordIn(DEFAULT_CONTENT_TYPE, payload)
+    return _parse_any_record(item, "" if index is None else f"records/{index}")
+
+
+def _parse_any_record(item: Any, where: str) -> RecordIn:
     prefix = f"{where}/" if where else ""
     if not isinstance(item, dict):
         raise InvalidInput("a record must be a JSON object", field=where or "/")
