@@ -300,9 +300,6 @@ async def read_parts(pool: Pool, page: Plan, form: Form) -> AsyncGenerator[Part,
     if parts and page.first is not None and page.form == form:
         parts[0].set_result(page.first)
         read = 1
-        if len(parts) == 1:  # a page of one part: no task, no connection, nothing to wait for
-            yield page.first
-            return
     width = min(len(ranges) - read, max(1, min(PART_CONNECTIONS, 1 + pool.spare() - PART_SPARE_KEPT)))
     handed = 0  # parts handed on so far
     moved = asyncio.Condition()
@@ -354,6 +351,10 @@ async def planned_bodies(pool: Pool, page: Plan, form: Form) -> AsyncGenerator[B
     writes the next. Its first part's failure is raised, as nothing is given out yet; after that, records
     pruned or the database lost end the page early, and the last body's ``next_after`` is where its reader
     goes on. Close it (``contextlib.aclosing``) to stop the reading early."""
+    whole = page.read_whole(form)
+    if whole is not None:  # most pages: no lane, task or second connection
+        yield whole
+        return
     async with contextlib.aclosing(read_parts(pool, page, form)) as parts:
         part = await anext(parts, None)
         body = page.body(form, [] if part is None else [part])
@@ -386,25 +387,17 @@ async def read_bodies(
     planned again, which answers with the stream as it is now (410 for a pruned cursor). Close it
     (``contextlib.aclosing``) to stop the reading early; ``whole`` takes a page's bodies together."""
     for attempt in range(2):
-        try:
-            page = await plan_read(
-                pool,
-                durability,
-                run_id,
-                stream_id,
-                after,
-                form,
-                max_records=max_records,
-                max_bytes=max_bytes,
-                access=access,
-            )
-        except bodies.PageChanged:
-            if attempt:
-                raise
-            continue
-        if page.first is None or len(page.first.lengths) == page.count:
-            yield page.body(form, [] if page.first is None else [page.first])  # read whole with its plan
-            return
+        page = await plan_read(
+            pool,
+            durability,
+            run_id,
+            stream_id,
+            after,
+            form,
+            max_records=max_records,
+            max_bytes=max_bytes,
+            access=access,
+        )
         async with contextlib.aclosing(planned_bodies(pool, page, form)) as each:
             try:
                 body = await anext(each)

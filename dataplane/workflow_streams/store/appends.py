@@ -18,10 +18,9 @@ those streams' signals need to reach other processes.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import asyncpg
@@ -268,7 +267,7 @@ def _fits_durable(row: asyncpg.Record, request: AppendRequest) -> bool:
     if not plain_append_fits(request.durable, stream_type, bool(row["durable_deleted"]), lifetime, accessed_at, now):
         return False
     if request.durable != stream_type:
-        request.records = [dataclasses.replace(r, content_type=stream_type) for r in request.records]
+        request.records = [replace(r, content_type=stream_type) for r in request.records]
         request.durable = stream_type
     return True
 

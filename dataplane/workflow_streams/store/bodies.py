@@ -113,45 +113,38 @@ WITH RECURSIVE s AS (
 """
 
 
+def _aggregate(form: Form, stream_key: str, after: str, last: str) -> str:
+    """The records (``after``, ``last``] of stream key ``stream_key`` (SQL expressions) in ``form`` as one
+    value, joined by the form's separator in sequence order (``data``), and each record's length in that
+    order (``lengths``). The records come from a fenced (OFFSET 0), ordered subquery: its rows reach the
+    aggregates in its order, and each record is written once for both. One value a part, not a row a
+    record: asyncpg's rows were most of the server's time a record (figures: bench/README.md, constants)."""
+    expression, separator = _FORMS[form]
+    return f"""SELECT string_agg(q.value, '\\x{separator.encode().hex()}'::bytea) AS data,
+       array_agg(octet_length(q.value)) AS lengths
+FROM (SELECT {expression} AS value FROM wfs_records r
+      WHERE r.stream_key = {stream_key} AND r.sequence > {after} AND r.sequence <= {last}
+      ORDER BY r.sequence OFFSET 0) q"""
+
+
 def _plan(form: Form) -> str:
     """The plan (``_SEARCH``) and the page's first part in ``form``: at most $6 records from its start,
     as ``fetch_part`` reads them. A page of one part, which most reads are, is then one round trip, and
     a long one's first part is read while it is planned. The part's end is written not to overflow for
     any cursor, as the search's is; for a cursor that is refused it reads nothing or a few records that
     are never served."""
-    expression, separator = _FORMS[form]
     return f"""{_SEARCH}
 SELECT s.stream_key, {streams.columns("s")}, s.timeline, e.page_end, f.data, f.lengths
 FROM s CROSS JOIN LATERAL (SELECT min(hi) AS page_end FROM search) e
-CROSS JOIN LATERAL (
-    SELECT string_agg(q.value, '\\x{separator.encode().hex()}'::bytea) AS data,
-           array_agg(octet_length(q.value)) AS lengths
-    FROM (SELECT {expression} AS value FROM wfs_records r
-          WHERE r.stream_key = s.stream_key AND r.sequence > $3
-            AND r.sequence <= $3 + least($6::bigint, e.page_end - $3)
-          ORDER BY r.sequence OFFSET 0) q
-) f
+CROSS JOIN LATERAL ({_aggregate(form, "s.stream_key", "$3", "$3 + least($6::bigint, e.page_end - $3)")}) f
 """
 
 
 _PLANS: dict[str, str] = {form: _plan(form) for form in _FORMS}  # type: ignore[arg-type]
 
 
-def _part(form: Form) -> str:
-    """The records (cursor $2, end $3] of stream key $1 in ``form`` as one value, joined by the form's
-    separator in sequence order, and each record's length in that order. The records come from a fenced
-    (OFFSET 0), ordered subquery: its rows reach the aggregates in its order, and each record is written
-    once for both. One value a part, not a row a record: asyncpg's rows were most of the server's time a
-    record (figures: bench/README.md, constants)."""
-    expression, separator = _FORMS[form]
-    return (
-        f"SELECT string_agg(q.value, '\\x{separator.encode().hex()}'::bytea), array_agg(octet_length(q.value))"
-        f" FROM (SELECT {expression} AS value FROM wfs_records r"
-        " WHERE r.stream_key = $1 AND r.sequence > $2 AND r.sequence <= $3 ORDER BY r.sequence OFFSET 0) q"
-    )
-
-
-_PARTS: dict[str, str] = {form: _part(form) for form in _FORMS}  # type: ignore[arg-type]
+# a part of a planned page: the records ($2, $3] of stream key $1 (``fetch_part``)
+_PARTS: dict[str, str] = {form: _aggregate(form, "$1", "$2", "$3") for form in _FORMS}  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)
@@ -263,6 +256,14 @@ class Plan:
             first = None
         return dataclasses.replace(self, end=end, bounds=bounds, closed=False, first=first), self.end - end
 
+    def read_whole(self, form: Form) -> Body | None:
+        """The page as one body when its plan read all of it in ``form`` (or it holds no records), else None."""
+        if self.count == 0:
+            return self.body(form, [])
+        if self.first is not None and self.form == form and len(self.first.lengths) == self.count:
+            return self.body(form, [self.first])
+        return None
+
     def body(self, form: Form, parts: list[Part], *, after: int | None = None) -> Body:
         """The page's records in ``parts``, those after ``after`` (the page's start unless said): closed
         only if they reach the page's end."""
@@ -296,12 +297,10 @@ async def plan(
     assert head is not None  # checked raises for a missing stream
     check_cursor(after, stream.bounds)
     end = max(after, head["page_end"])
-    first = None
-    if end > after:
-        lengths = head["lengths"]
-        if lengths is None or len(lengths) != min(first_records, end - after):
-            raise PageChanged(f"records after {after} are not all there")  # not in the row's snapshot
-        first = Part(head["data"], lengths)
+    lengths = head["lengths"]
+    # short only if records went in the statement's own snapshot; then read_parts reads it as any part
+    whole = end > after and lengths is not None and len(lengths) == min(first_records, end - after)
+    first = Part(head["data"], lengths) if whole else None
     return Plan(
         head["stream_key"],
         after,
