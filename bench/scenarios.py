@@ -412,6 +412,17 @@ def _summary(row: dict[str, Any]) -> str:
     )
 
 
+async def _measured(
+    server: Server, pg: LocalPostgres, mode: str, base: str, *, warmup: float, seconds: float, **flags: Any
+) -> tuple[dict[str, Any], Meter]:
+    """One closed-loop case of the generator, with everyone's CPU sampled over its measured window."""
+    meter = Meter(server, postmaster_pid(pg))
+    report = await generator.run(
+        mode, base, TOKEN, on_phase=meter.mark, warmup=f"{warmup}s", duration=f"{seconds}s", **flags
+    )
+    return report, meter
+
+
 async def preload(url: str, run: str, streams: int, records: int, prefix: str = "bench-") -> None:
     """``records`` records of 100 B into each of the streams {prefix}0..{streams-1}, one batch append a
     stream, 16 in flight: the small reads' data, loaded before and not timed."""
@@ -442,19 +453,18 @@ async def small_reads(
     out = []
     for limit in READ_LIMITS:
         await settle()
-        meter = Meter(server, postmaster_pid(pg))
-        report = await generator.run(
+        report, meter = await _measured(
+            server,
+            pg,
             "read",
             base,
-            TOKEN,
-            on_phase=meter.mark,
+            warmup=timing.read_warmup,
+            seconds=timing.read_seconds,
             run=run,
             streams=streams,
             conns=conns,
             after=0,
             limit=limit,
-            warmup=f"{timing.read_warmup}s",
-            duration=f"{timing.read_seconds}s",
         )
         rate = report["reads_per_s"]
         row = {
@@ -514,19 +524,18 @@ async def batched_appends(server: Server, pg: LocalPostgres, timing: Timing) -> 
                     flush=True,
                 )
             await settle()
-            meter = Meter(server, postmaster_pid(pg))
             commits = await group_commits(server.url)
-            report = await generator.run(
+            report, meter = await _measured(
+                server,
+                pg,
                 "append",
                 base,
-                TOKEN,
-                on_phase=meter.mark,
+                warmup=timing.append_warmup,
+                seconds=timing.batch_seconds,
                 run=run,
                 streams=streams,
                 conns=conns,
                 batch=batch,
-                warmup=f"{timing.append_warmup}s",
-                duration=f"{timing.batch_seconds}s",
             )
             rate = report["records_per_s"]
             row = {
@@ -569,18 +578,17 @@ async def durable_appends(server: Server, pg: LocalPostgres, timing: Timing) -> 
         base = server.url + (DS_PREFIX if surface == "durable" else PREFIX)
         create: dict[str, Any] | str = "put" if surface == "durable" else pins()
         await generator.run("create", base, TOKEN, run=run, streams=streams, surface=surface, create=create)
-        meter = Meter(server, postmaster_pid(pg))
-        report = await generator.run(
+        report, meter = await _measured(
+            server,
+            pg,
             "append",
             base,
-            TOKEN,
-            on_phase=meter.mark,
+            warmup=timing.append_warmup,
+            seconds=timing.batch_seconds,
             run=run,
             streams=streams,
             conns=conns,
             surface=surface,
-            warmup=f"{timing.append_warmup}s",
-            duration=f"{timing.batch_seconds}s",
         )
         out[surface] = {
             "case": f"{'Durable Streams, text/plain' if surface == 'durable' else 'our API'}, "
